@@ -1,0 +1,1 @@
+"""Scripts and helpers to install and start what Offerbus needs (ZooKeeper, Docker)."""

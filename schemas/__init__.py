@@ -1,0 +1,1 @@
+"""Generated protobuf code for the Offerbus wire protocol (`make proto`); sources are *.proto."""

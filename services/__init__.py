@@ -1,0 +1,1 @@
+"""Offerbus services: one package per service plus the shared `bus`."""

@@ -1,0 +1,1 @@
+"""The shared message bus: framing, peers and heartbeats, state stream, epochs, election."""
