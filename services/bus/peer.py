@@ -1,0 +1,349 @@
+"""ROUTER/DEALER endpoints with heartbeats both ways (Guide "Paranoid Pirate"), capped
+reconnect backoff, epoch fencing, error replies and drop counters. Services talk through
+these and never touch framing themselves."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import zmq
+
+from schemas import bus_pb2
+from services.bus import codec
+from services.bus.curve import CurveClient, CurveServer
+from services.bus.epoch import EpochFence
+from services.bus.liveness import Backoff, Liveness, PeerTable
+from services.bus.log import get_logger
+from services.bus.reactor import Reactor, Timer
+from services.bus.stats import Stats
+
+log = get_logger("bus.peer")
+
+DRAIN_BATCH = 1000  # messages read per wake-up before yielding to other sockets and timers
+HWM = 100_000
+HARD_SIZE_FACTOR = 4  # zmq drops a connection beyond this many frame limits (memory guard)
+
+
+@dataclass
+class Sender:
+    """Who this process is on the bus; stamped on every outgoing envelope."""
+
+    sender_id: str
+    role: int
+    epoch: int = 0  # current leader epoch for elected roles; services update it on election
+    ids: codec.MessageIds = field(default_factory=codec.MessageIds)
+
+    def stamp(self, env: codec.Envelope, now_us: int | None = None) -> codec.Envelope:
+        env.version = codec.PROTOCOL_VERSION
+        if not env.message_id:
+            env.message_id = self.ids.next()
+        env.sender_id = self.sender_id
+        env.sender_role = self.role  # type: ignore[assignment]
+        env.epoch = self.epoch
+        env.sent_at_us = codec.now_us() if now_us is None else now_us
+        return env
+
+
+@dataclass
+class HeartbeatConfig:
+    interval: float = 1.0
+    max_missed: int = 5
+
+
+MessageHandler = Callable[[bytes, codec.Envelope], None]
+
+
+def decode_counted(frames: list[bytes], limit: int, stats: Stats, socket: str,
+                   peer: bytes = b"") -> codec.Envelope:
+    """Decode one received message (a list of frames); a refused one is counted by reason,
+    logged, and re-raised as its FrameError so the caller can answer it."""
+    stats.inc("frames_received")
+    try:
+        if len(frames) != 1:
+            raise codec.MalformedFrame(f"expected 1 frame, got {len(frames)}")
+        return codec.decode(frames[0], limit)
+    except codec.FrameError as exc:
+        stats.inc(f"frames_dropped{{reason={exc.reason}}}")
+        log.warning("dropped frame", socket=socket, peer=peer.decode(errors="replace") or "-",
+                    reason=exc.reason, error=str(exc))
+        raise
+
+
+class _Endpoint:
+    """What ROUTER and DEALER ends share: decode, count, fence, answer errors."""
+
+    def __init__(
+        self, reactor: Reactor, sender: Sender, stats: Stats | None, fence: EpochFence | None,
+        frame_limit: int, name: str,
+    ) -> None:
+        self.reactor = reactor
+        self.sender = sender
+        self.stats = stats or Stats()
+        self.fence = fence
+        self.frame_limit = frame_limit
+        self.name = name
+
+    def _configure(self, sock: zmq.Socket[bytes]) -> None:
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, HWM)
+        sock.setsockopt(zmq.RCVHWM, HWM)
+        sock.setsockopt(zmq.MAXMSGSIZE, self.frame_limit * HARD_SIZE_FACTOR)
+
+    def _accept(self, peer: bytes, frames: list[bytes]) -> codec.Envelope | None:
+        """Decode one received message; on refusal count it, log it, answer it if we can."""
+        try:
+            env = decode_counted(frames, self.frame_limit, self.stats, self.name, peer)
+        except codec.FrameError as exc:
+            self._reply_error(peer, exc.code, str(exc), exc.envelope)
+            return None
+        if self.fence is not None and not self.fence.admit(env.sender_role, env.epoch):
+            highest = self.fence.highest(env.sender_role)
+            self.stats.inc("frames_dropped{reason=stale_epoch}")
+            log.warning("dropped stale-epoch message", socket=self.name, sender=env.sender_id,
+                        epoch=env.epoch, highest=highest, kind=codec.payload_kind(env))
+            self._reply_error(peer, bus_pb2.STALE_EPOCH,
+                              f"epoch {env.epoch} is below {highest} for this role", env)
+            return None
+        return env
+
+    def _reply_error(self, peer: bytes, code: int, message: str,
+                     about: codec.Envelope | None) -> None:
+        if about is not None and about.WhichOneof("payload") == "error":
+            return  # never answer an error with an error (no ping-pong between two peers)
+        env = codec.error_envelope(code, message)
+        if about is not None:
+            env.in_reply_to = about.message_id
+        self._send_raw(peer, env)
+
+    def _send_raw(self, peer: bytes, env: codec.Envelope) -> bool:
+        raise NotImplementedError
+
+
+class RouterServer(_Endpoint):
+    """A bound ROUTER: delivers (peer, envelope) to `on_message`, beats every known peer
+    while idle, and reports a peer gone after `max_missed` silent intervals."""
+
+    def __init__(
+        self, reactor: Reactor, ctx: zmq.Context[zmq.Socket[bytes]], bind: str, sender: Sender,
+        on_message: MessageHandler, *, on_peer_gone: Callable[[bytes], None] | None = None,
+        heartbeat: HeartbeatConfig | None = None, stats: Stats | None = None,
+        fence: EpochFence | None = None, frame_limit: int = codec.DEFAULT_FRAME_LIMIT,
+        curve: CurveServer | None = None, name: str = "router",
+    ) -> None:
+        super().__init__(reactor, sender, stats, fence, frame_limit, name)
+        self.heartbeat = heartbeat or HeartbeatConfig()
+        self.on_message = on_message
+        self.on_peer_gone = on_peer_gone
+        self.peers = PeerTable(self.heartbeat.interval, self.heartbeat.max_missed)
+        self.sock = ctx.socket(zmq.ROUTER)
+        self._configure(self.sock)
+        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # unknown peer raises, is not dropped
+        if curve is not None:
+            curve.apply(self.sock)
+        self.sock.bind(bind)
+        self.endpoint: str = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        reactor.add_reader(self.sock, self._on_readable)
+        self._beat = reactor.every(self.heartbeat.interval / 2, self._tick)
+
+    def send(self, peer: bytes, env: codec.Envelope) -> bool:
+        """Stamp and send; False (and counted) if the peer is unknown or its queue is full."""
+        return self._send_raw(peer, env)
+
+    def _send_raw(self, peer: bytes, env: codec.Envelope) -> bool:
+        self.sender.stamp(env)
+        frame = codec.encode(env, self.frame_limit)
+        try:
+            self.sock.send_multipart([peer, frame], flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            self.stats.inc("frames_unsent{reason=queue_full}")
+            return False
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EHOSTUNREACH:
+                raise
+            self.stats.inc("frames_unsent{reason=unknown_peer}")
+            return False
+        self.stats.inc("frames_sent")
+        self.peers.sent(peer, self.reactor.now())
+        return True
+
+    def _on_readable(self) -> None:
+        for _ in range(DRAIN_BATCH):
+            try:
+                msg = self.sock.recv_multipart(flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            peer, frames = msg[0], msg[1:]
+            env = self._accept(peer, frames)
+            if env is None:
+                continue  # refused frames prove nothing about a peer's liveness
+            new = self.peers.heard(peer, self.reactor.now())
+            if env.WhichOneof("payload") == "heartbeat":
+                if new:  # answer at once so a (re)connecting client learns we are alive
+                    self._send_heartbeat(peer)
+                continue
+            self.on_message(peer, env)
+
+    def _send_heartbeat(self, peer: bytes) -> None:
+        env = codec.Envelope()
+        env.heartbeat.interval_ms = int(self.heartbeat.interval * 1000)
+        self._send_raw(peer, env)
+
+    def _tick(self) -> None:
+        due, gone = self.peers.tick(self.reactor.now())
+        for peer in gone:
+            self.stats.inc("peers_lost")
+            log.info("peer gone", socket=self.name, peer=peer.decode(errors="replace"))
+            if self.on_peer_gone is not None:
+                self.on_peer_gone(peer)
+        for peer in due:
+            self._send_heartbeat(peer)
+
+    def close(self) -> None:
+        self._beat.cancel()
+        self.reactor.remove_reader(self.sock)
+        self.sock.close(linger=0)
+
+
+class DealerClient(_Endpoint):
+    """A DEALER to one server endpoint (which may change: a new leader). Beats while idle;
+    when the server misses `max_missed` beats it reports the server gone, drops the socket
+    and reconnects after a capped backoff, as Paranoid Pirate does."""
+
+    def __init__(
+        self, reactor: Reactor, ctx: zmq.Context[zmq.Socket[bytes]], sender: Sender,
+        on_message: Callable[[codec.Envelope], None], *,
+        on_connected: Callable[[], None] | None = None,
+        on_gone: Callable[[], None] | None = None,
+        heartbeat: HeartbeatConfig | None = None, backoff: Backoff | None = None,
+        stats: Stats | None = None, fence: EpochFence | None = None,
+        frame_limit: int = codec.DEFAULT_FRAME_LIMIT, curve: CurveClient | None = None,
+        name: str = "dealer",
+    ) -> None:
+        super().__init__(reactor, sender, stats, fence, frame_limit, name)
+        self.ctx = ctx
+        self.heartbeat = heartbeat or HeartbeatConfig()
+        self.backoff = backoff or Backoff(cap=min(2.0, self.heartbeat.interval * 2))
+        self.on_message = on_message
+        self.on_connected = on_connected
+        self.on_gone = on_gone
+        self.curve = curve
+        self.endpoint: str | None = None
+        self.sock: zmq.Socket[bytes] | None = None
+        self.live: Liveness | None = None
+        self.connected = False  # True once the server has been heard from on this socket
+        self._reconnect: Timer | None = None
+        self._beat = reactor.every(self.heartbeat.interval / 2, self._tick)
+
+    def connect(self, endpoint: str) -> None:
+        """(Re)connect to `endpoint` with a fresh socket; messages queued on the old one are
+        dropped (callers retry what must arrive: status updates, registrations)."""
+        self.endpoint = endpoint
+        self._cancel_reconnect()
+        self._open()
+
+    def disconnect(self) -> None:
+        self._cancel_reconnect()
+        self.endpoint = None
+        self._close_socket()
+
+    def send(self, env: codec.Envelope) -> bool:
+        if self.sock is None:
+            self.stats.inc("frames_unsent{reason=not_connected}")
+            return False
+        return self._send_raw(b"", env)
+
+    def _send_raw(self, peer: bytes, env: codec.Envelope) -> bool:
+        if self.sock is None:
+            return False
+        self.sender.stamp(env)
+        frame = codec.encode(env, self.frame_limit)
+        try:
+            self.sock.send(frame, flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            self.stats.inc("frames_unsent{reason=queue_full}")
+            return False
+        self.stats.inc("frames_sent")
+        if self.live is not None:
+            self.live.sent(self.reactor.now())
+        return True
+
+    def _open(self) -> None:
+        self._close_socket()
+        assert self.endpoint is not None
+        sock = self.ctx.socket(zmq.DEALER)
+        self._configure(sock)
+        # A readable routing id helps when reading a server's logs.
+        sock.setsockopt(zmq.ROUTING_ID,
+                        f"{self.sender.sender_id}/{os.urandom(3).hex()}".encode()[:255])
+        if self.curve is not None:
+            self.curve.apply(sock)
+        sock.connect(self.endpoint)
+        self.sock = sock
+        now = self.reactor.now()
+        self.live = Liveness(self.heartbeat.interval, self.heartbeat.max_missed, now, now)
+        self.reactor.add_reader(sock, self._on_readable)
+        self._send_heartbeat()  # announce ourselves; the server answers at once
+
+    def _close_socket(self) -> None:
+        if self.sock is not None:
+            self.reactor.remove_reader(self.sock)
+            self.sock.close(linger=0)
+            self.sock = None
+        self.live = None
+        self.connected = False
+
+    def _cancel_reconnect(self) -> None:
+        if self._reconnect is not None:
+            self._reconnect.cancel()
+            self._reconnect = None
+
+    def _send_heartbeat(self) -> None:
+        env = codec.Envelope()
+        env.heartbeat.interval_ms = int(self.heartbeat.interval * 1000)
+        self._send_raw(b"", env)
+
+    def _on_readable(self) -> None:
+        sock = self.sock
+        for _ in range(DRAIN_BATCH):
+            if sock is None or sock is not self.sock:
+                return  # a handler reconnected or closed us mid-batch
+            try:
+                frames = sock.recv_multipart(flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if self.live is not None:
+                self.live.heard(self.reactor.now())
+            if not self.connected:
+                self.connected = True
+                self.backoff.reset()
+                log.info("server reachable", socket=self.name, endpoint=self.endpoint)
+                if self.on_connected is not None:
+                    self.on_connected()
+            env = self._accept(b"", frames)
+            if env is None or env.WhichOneof("payload") == "heartbeat":
+                continue
+            self.on_message(env)
+
+    def _tick(self) -> None:
+        if self.live is None:
+            return
+        now = self.reactor.now()
+        if self.live.expired(now):
+            self.stats.inc("peers_lost")
+            was_connected = self.connected
+            self._close_socket()
+            delay = self.backoff.next_delay()
+            log.info("server gone; reconnecting", socket=self.name, endpoint=self.endpoint,
+                     after_s=round(delay, 3), was_connected=was_connected)
+            self._reconnect = self.reactor.call_later(delay, self._open)
+            if self.on_gone is not None:
+                self.on_gone()
+        elif self.live.beat_due(now):
+            self._send_heartbeat()
+
+    def close(self) -> None:
+        self._beat.cancel()
+        self.disconnect()
+

@@ -1,0 +1,120 @@
+"""The single-threaded event loop every service shell runs: ZeroMQ sockets, plain file
+descriptors (mailboxes) and timers, with time read from one clock that cores never see."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+
+from services.bus.log import get_logger
+
+log = get_logger("bus.reactor")
+
+Handler = Callable[[], None]
+
+
+@dataclass(order=True)
+class Timer:
+    when: float
+    seq: int
+    fn: Handler = field(compare=False)
+    interval: float | None = field(default=None, compare=False)
+    cancelled: bool = field(default=False, compare=False)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class Reactor:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._poller = zmq.Poller()
+        self._handlers: dict[Any, Handler] = {}
+        self._timers: list[Timer] = []
+        self._seq = itertools.count()
+        self._running = False
+
+    def now(self) -> float:
+        return self.clock()
+
+    # -- readers -----------------------------------------------------------------------
+    def add_reader(self, source: zmq.Socket[bytes] | int | Any, handler: Handler) -> None:
+        """Call `handler` whenever `source` (a zmq socket, an fd, or an object with fileno())
+        is readable. The handler should drain everything waiting."""
+        key = source if isinstance(source, zmq.Socket | int) else source.fileno()
+        self._handlers[key] = handler
+        self._poller.register(key, zmq.POLLIN)
+
+    def remove_reader(self, source: zmq.Socket[bytes] | int | Any) -> None:
+        key = source if isinstance(source, zmq.Socket | int) else source.fileno()
+        if self._handlers.pop(key, None) is not None:
+            self._poller.unregister(key)
+
+    # -- timers ------------------------------------------------------------------------
+    def call_at(self, when: float, fn: Handler) -> Timer:
+        timer = Timer(when, next(self._seq), fn)
+        heapq.heappush(self._timers, timer)
+        return timer
+
+    def call_later(self, delay: float, fn: Handler) -> Timer:
+        return self.call_at(self.clock() + delay, fn)
+
+    def every(self, interval: float, fn: Handler, *, first: float | None = None) -> Timer:
+        """Run `fn` every `interval` seconds (first after `first`, default one interval)."""
+        timer = Timer(self.clock() + (interval if first is None else first), next(self._seq), fn,
+                      interval)
+        heapq.heappush(self._timers, timer)
+        return timer
+
+    # -- loop --------------------------------------------------------------------------
+    def run_once(self, max_wait: float = 1.0) -> None:
+        """Wait for I/O or the next timer (at most `max_wait` s), then dispatch."""
+        self._run_due_timers()
+        wait = max_wait
+        if self._timers:
+            wait = max(0.0, min(wait, self._timers[0].when - self.clock()))
+        events = self._poller.poll(int(wait * 1000) if wait > 0 else 0)
+        for key, _ in events:
+            handler = self._handlers.get(key)
+            if handler is not None:
+                handler()
+        self._run_due_timers()
+
+    def _run_due_timers(self) -> None:
+        now = self.clock()
+        while self._timers and self._timers[0].when <= now:
+            timer = heapq.heappop(self._timers)
+            if timer.cancelled:
+                continue
+            if timer.interval is not None:
+                # Reschedule from the due time, skipping missed beats after a stall.
+                timer.when = max(timer.when + timer.interval, now)
+                timer.seq = next(self._seq)
+                heapq.heappush(self._timers, timer)
+            timer.fn()
+
+    def run(self, until: Callable[[], bool] | None = None, timeout: float | None = None) -> bool:
+        """Run until stop(), `until()` is true, or `timeout` passes; returns `until()`'s value
+        (True when no condition was given and the loop was stopped)."""
+        self._running = True
+        deadline = None if timeout is None else self.clock() + timeout
+        while self._running:
+            if until is not None and until():
+                return True
+            if deadline is not None:
+                left = deadline - self.clock()
+                if left <= 0:
+                    return False
+                self.run_once(min(left, 1.0))
+            else:
+                self.run_once()
+        return until() if until is not None else True
+
+    def stop(self) -> None:
+        self._running = False

@@ -1,0 +1,237 @@
+"""The state stream's shells: a publisher (PUB of sequenced deltas + a ROUTER serving
+snapshots, idle heartbeats) and a subscriber that keeps a converged copy, around the pure
+cores in stream_core.py. The master publishes; allocator, broker and CLI subscribe."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import zmq
+
+from services.bus import codec
+from services.bus.curve import CurveClient, CurveServer
+from services.bus.log import get_logger
+from services.bus.peer import (
+    DRAIN_BATCH,
+    HWM,
+    DealerClient,
+    HeartbeatConfig,
+    RouterServer,
+    Sender,
+    decode_counted,
+)
+from services.bus.reactor import Reactor, Timer
+from services.bus.stats import Stats
+from services.bus.stream_core import (
+    Changed,
+    Phase,
+    PublisherCore,
+    RequestSnapshot,
+    StateEntry,
+    SubscriberCore,
+)
+
+log = get_logger("bus.statestream")
+
+
+class StatePublisher:
+    def __init__(
+        self, reactor: Reactor, ctx: zmq.Context[zmq.Socket[bytes]], sender: Sender, *,
+        pub_bind: str, snapshot_bind: str, epoch: int, heartbeat_interval: float = 1.0,
+        frame_limit: int = codec.DEFAULT_FRAME_LIMIT, curve: CurveServer | None = None,
+        stats: Stats | None = None,
+    ) -> None:
+        self.reactor = reactor
+        self.sender = sender
+        self.stats = stats or Stats()
+        self.frame_limit = frame_limit
+        self.heartbeat_interval = heartbeat_interval
+        self.core = PublisherCore(epoch, frame_limit)
+        self.pub = ctx.socket(zmq.PUB)
+        self.pub.setsockopt(zmq.LINGER, 0)
+        self.pub.setsockopt(zmq.SNDHWM, HWM)
+        if curve is not None:
+            curve.apply(self.pub)
+        self.pub.bind(pub_bind)
+        self.pub_endpoint: str = self.pub.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.snapshots = RouterServer(
+            reactor, ctx, snapshot_bind, sender, self._on_request,
+            heartbeat=HeartbeatConfig(heartbeat_interval), stats=self.stats,
+            frame_limit=frame_limit, curve=curve, name="snapshot",
+        )
+        self.snapshot_endpoint = self.snapshots.endpoint
+        self._last_sent = reactor.now()
+        self._beat = reactor.every(heartbeat_interval / 2, self._tick)
+
+    @property
+    def store(self) -> dict[str, StateEntry]:
+        return self.core.store
+
+    def publish(self, entries: Iterable[StateEntry]) -> None:
+        for delta in self.core.apply(entries):
+            env = codec.Envelope()
+            env.state_delta.CopyFrom(delta)
+            self._send(env)
+            self.stats.inc("state_deltas_published")
+
+    def _send(self, env: codec.Envelope) -> None:
+        self.sender.stamp(env)
+        self.pub.send(codec.encode(env, self.frame_limit), copy=False)
+        self._last_sent = self.reactor.now()
+
+    def _tick(self) -> None:
+        if self.reactor.now() - self._last_sent >= self.heartbeat_interval:
+            env = codec.Envelope()
+            env.state_delta.CopyFrom(self.core.heartbeat())
+            self._send(env)
+
+    def _on_request(self, peer: bytes, env: codec.Envelope) -> None:
+        if env.WhichOneof("payload") != "snapshot_request":
+            self.snapshots.send(peer, codec.error_envelope(
+                codec.ErrorCode.Value("UNEXPECTED"),
+                f"the snapshot endpoint takes snapshot_request, not {codec.payload_kind(env)}"))
+            return
+        chunks = self.core.snapshot(env.snapshot_request.prefix)
+        for chunk in chunks:
+            reply = codec.Envelope(in_reply_to=env.message_id)
+            reply.snapshot_chunk.CopyFrom(chunk)
+            self.snapshots.send(peer, reply)
+        self.stats.inc("snapshots_served")
+        log.info("served snapshot", peer=peer.decode(errors="replace"), seq=self.core.seq,
+                 chunks=len(chunks), keys=sum(len(c.entries) for c in chunks))
+
+    def close(self) -> None:
+        self._beat.cancel()
+        self.snapshots.close()
+        self.pub.close(linger=0)
+
+
+ChangeHandler = Callable[[Changed], None]
+
+
+class StateSubscriber:
+    """Keeps `store` converged with a publisher's; calls `on_change` for every change."""
+
+    def __init__(
+        self, reactor: Reactor, ctx: zmq.Context[zmq.Socket[bytes]], sender: Sender,
+        on_change: ChangeHandler, *, prefix: str = "", heartbeat_interval: float = 1.0,
+        max_missed: int = 5, snapshot_timeout: float = 2.0,
+        frame_limit: int = codec.DEFAULT_FRAME_LIMIT, curve: CurveClient | None = None,
+        stats: Stats | None = None,
+    ) -> None:
+        self.reactor = reactor
+        self.ctx = ctx
+        self.on_change = on_change
+        self.stats = stats or Stats()
+        self.frame_limit = frame_limit
+        self.curve = curve
+        self.silence_limit = heartbeat_interval * max_missed
+        self.snapshot_timeout = snapshot_timeout
+        self.core = SubscriberCore(prefix=prefix)
+        self.sub: zmq.Socket[bytes] | None = None
+        self.snapshots = DealerClient(
+            reactor, ctx, sender, self._on_reply,
+            heartbeat=HeartbeatConfig(heartbeat_interval, max_missed), stats=self.stats,
+            frame_limit=frame_limit, curve=curve, name="snapshot-client",
+        )
+        self._last_heard = reactor.now()
+        self._snapshot_due: Timer | None = None
+        self._watch = reactor.every(heartbeat_interval / 2, self._tick)
+
+    @property
+    def store(self) -> dict[str, StateEntry]:
+        return self.core.store
+
+    @property
+    def synced(self) -> bool:
+        return self.core.phase is Phase.SYNCED
+
+    def connect(self, pub_endpoint: str, snapshot_endpoint: str) -> None:
+        """Subscribe to a (new) publisher, then fetch its snapshot."""
+        self._close_sub()
+        sub = self.ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.RCVHWM, HWM)
+        sub.setsockopt(zmq.MAXMSGSIZE, self.frame_limit * 4)
+        if self.curve is not None:
+            self.curve.apply(sub)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(pub_endpoint)
+        self.sub = sub
+        self.reactor.add_reader(sub, self._on_readable)
+        self.snapshots.connect(snapshot_endpoint)
+        self._last_heard = self.reactor.now()
+        self._run(self.core.start())
+
+    def _run(self, outputs: list[Changed | RequestSnapshot]) -> None:
+        for out in outputs:
+            if isinstance(out, RequestSnapshot):
+                self._request_snapshot(out.reason)
+            else:
+                self.on_change(out)
+
+    def _request_snapshot(self, reason: str) -> None:
+        self.stats.inc("state_resyncs")
+        log.info("requesting snapshot", reason=reason, prefix=self.core.prefix)
+        env = codec.Envelope()
+        env.snapshot_request.prefix = self.core.prefix
+        self.snapshots.send(env)
+        if self._snapshot_due is not None:
+            self._snapshot_due.cancel()
+        self._snapshot_due = self.reactor.call_later(self.snapshot_timeout, self._snapshot_late)
+
+    def _snapshot_late(self) -> None:
+        self._snapshot_due = None
+        if not self.synced:
+            self._run(self.core.resync("snapshot timed out"))
+
+    def _on_readable(self) -> None:
+        sub = self.sub
+        for _ in range(DRAIN_BATCH):
+            if sub is None or sub is not self.sub:
+                return
+            try:
+                frames = sub.recv_multipart(flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                env = decode_counted(frames, self.frame_limit, self.stats, "sub")
+            except codec.FrameError:
+                continue
+            if env.WhichOneof("payload") != "state_delta":
+                self.stats.inc("frames_dropped{reason=unexpected}")
+                continue
+            self._last_heard = self.reactor.now()
+            self._run(self.core.on_delta(env.state_delta))
+
+    def _on_reply(self, env: codec.Envelope) -> None:
+        kind = env.WhichOneof("payload")
+        if kind == "snapshot_chunk":
+            self._run(self.core.on_snapshot_chunk(env.snapshot_chunk))
+            if self.synced and self._snapshot_due is not None:
+                self._snapshot_due.cancel()
+                self._snapshot_due = None
+        elif kind == "error":
+            log.warning("snapshot endpoint error", message=env.error.message)
+        else:
+            self.stats.inc("frames_dropped{reason=unexpected}")
+
+    def _tick(self) -> None:
+        if self.sub is None:
+            return
+        if self.reactor.now() - self._last_heard > self.silence_limit:
+            self._last_heard = self.reactor.now()
+            self._run(self.core.on_publisher_silent())
+
+    def _close_sub(self) -> None:
+        if self.sub is not None:
+            self.reactor.remove_reader(self.sub)
+            self.sub.close(linger=0)
+            self.sub = None
+
+    def close(self) -> None:
+        self._watch.cancel()
+        if self._snapshot_due is not None:
+            self._snapshot_due.cancel()
+        self.snapshots.close()
+        self._close_sub()

@@ -1,0 +1,90 @@
+"""Heartbeat liveness, reconnect backoff and epoch fencing: pure, with time passed in."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from services.bus.epoch import EpochFence
+from services.bus.liveness import Backoff, Liveness, PeerTable
+
+
+def test_peer_is_gone_only_after_max_missed_intervals() -> None:
+    live = Liveness(interval=1.0, max_missed=5, last_heard=0.0, last_sent=0.0)
+    assert not live.expired(5.0)
+    assert live.expired(5.01)
+    live.heard(4.0)
+    assert not live.expired(8.9)
+
+
+def test_any_traffic_counts_as_a_beat() -> None:
+    live = Liveness(interval=1.0, max_missed=3, last_heard=0.0, last_sent=0.0)
+    assert not live.beat_due(0.5)
+    live.sent(0.9)
+    assert not live.beat_due(1.5)
+    assert live.beat_due(1.95)
+
+
+def test_peer_table_beats_idle_peers_and_drops_silent_ones() -> None:
+    table = PeerTable(interval=1.0, max_missed=2)
+    assert table.heard(b"a", 0.0) is True
+    assert table.heard(b"a", 0.1) is False
+    table.heard(b"b", 1.5)
+    due, gone = table.tick(1.2)
+    assert due == [b"a", b"b"] and gone == []  # never sent to either yet
+    table.sent(b"a", 1.2)
+    table.sent(b"b", 1.2)
+    due, gone = table.tick(2.15)
+    assert gone == [b"a"] and due == []
+    assert b"a" not in table.peers and b"b" in table.peers
+    due, gone = table.tick(3.6)
+    assert gone == [b"b"] and not table.peers
+
+
+@given(st.integers(min_value=0, max_value=2**32))
+def test_backoff_grows_to_its_cap_and_resets(seed: int) -> None:
+    backoff = Backoff(initial=0.1, cap=2.0, rng=random.Random(seed))
+    delays = [backoff.next_delay() for _ in range(12)]
+    assert all(0.05 <= d <= 2.0 for d in delays)
+    assert delays[0] <= 0.1
+    assert min(delays[6:]) >= 1.0  # capped: between cap/2 and cap
+    backoff.reset()
+    assert backoff.next_delay() <= 0.1
+
+
+def test_backoff_rejects_nonsense() -> None:
+    with pytest.raises(ValueError):
+        Backoff(initial=3.0, cap=1.0)
+
+
+MASTER, AGENT = 1, 4
+
+
+def test_fence_drops_below_highest_per_role() -> None:
+    fence = EpochFence(frozenset({MASTER}))
+    assert fence.admit(MASTER, 7)
+    assert fence.admit(MASTER, 7)
+    assert not fence.admit(MASTER, 6)
+    assert fence.admit(MASTER, 9)
+    assert not fence.admit(MASTER, 7)
+    assert fence.admit(AGENT, 0)  # unfenced role
+
+
+def test_fence_learns_epochs_from_the_detector() -> None:
+    fence = EpochFence()
+    fence.observe(MASTER, 12)
+    assert not fence.admit(MASTER, 11)
+    fence.observe(MASTER, 3)  # never lowers the bar
+    assert fence.highest(MASTER) == 12
+
+
+@given(st.lists(st.integers(min_value=0, max_value=50), max_size=60))
+def test_fence_admits_exactly_the_running_maximum(epochs: list[int]) -> None:
+    fence = EpochFence()
+    highest = 0
+    for e in epochs:
+        assert fence.admit(MASTER, e) == (e >= highest)
+        highest = max(highest, e)
