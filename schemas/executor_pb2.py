@@ -22,17 +22,32 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from schemas import common_pb2 as schemas_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16schemas/executor.proto\x12\x0bofferbus.v1\"\x0e\n\x0c\x45xecutorCall\"\x0f\n\rExecutorEventb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16schemas/executor.proto\x12\x0bofferbus.v1\x1a\x14schemas/common.proto\"\xdd\x02\n\x0c\x45xecutorCall\x12\x13\n\x0b\x65xecutor_id\x18\x01 \x01(\t\x12\x14\n\x0c\x66ramework_id\x18\x02 \x01(\t\x12\x38\n\tsubscribe\x18\x03 \x01(\x0b\x32#.offerbus.v1.ExecutorCall.SubscribeH\x00\x12\x32\n\x06update\x18\x04 \x01(\x0b\x32 .offerbus.v1.ExecutorCall.UpdateH\x00\x1ay\n\tSubscribe\x12\x37\n\x16unacknowledged_updates\x18\x01 \x03(\x0b\x32\x17.offerbus.v1.TaskStatus\x12\x33\n\x14unacknowledged_tasks\x18\x02 \x03(\x0b\x32\x15.offerbus.v1.TaskInfo\x1a\x31\n\x06Update\x12\'\n\x06status\x18\x01 \x01(\x0b\x32\x17.offerbus.v1.TaskStatusB\x06\n\x04\x63\x61ll\"\xa7\x05\n\rExecutorEvent\x12;\n\nsubscribed\x18\x01 \x01(\x0b\x32%.offerbus.v1.ExecutorEvent.SubscribedH\x00\x12\x33\n\x06launch\x18\x02 \x01(\x0b\x32!.offerbus.v1.ExecutorEvent.LaunchH\x00\x12/\n\x04kill\x18\x03 \x01(\x0b\x32\x1f.offerbus.v1.ExecutorEvent.KillH\x00\x12?\n\x0c\x61\x63knowledged\x18\x04 \x01(\x0b\x32\'.offerbus.v1.ExecutorEvent.AcknowledgedH\x00\x12\x37\n\x08shutdown\x18\x05 \x01(\x0b\x32#.offerbus.v1.ExecutorEvent.ShutdownH\x00\x1a\x84\x01\n\nSubscribed\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x30\n\rexecutor_info\x18\x02 \x01(\x0b\x32\x19.offerbus.v1.ExecutorInfo\x12\x32\n\x0e\x66ramework_info\x18\x03 \x01(\x0b\x32\x1a.offerbus.v1.FrameworkInfo\x1a\x43\n\x06Launch\x12\x14\n\x0c\x66ramework_id\x18\x01 \x01(\t\x12#\n\x04task\x18\x02 \x01(\x0b\x32\x15.offerbus.v1.TaskInfo\x1aQ\n\x04Kill\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12 \n\x13kill_grace_period_s\x18\x02 \x01(\x01H\x00\x88\x01\x01\x42\x16\n\x14_kill_grace_period_s\x1a-\n\x0c\x41\x63knowledged\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0c\n\x04uuid\x18\x02 \x01(\x0c\x1a\"\n\x08Shutdown\x12\x16\n\x0egrace_period_s\x18\x01 \x01(\x01\x42\x07\n\x05\x65ventb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'schemas.executor_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_EXECUTORCALL']._serialized_start=39
-  _globals['_EXECUTORCALL']._serialized_end=53
-  _globals['_EXECUTOREVENT']._serialized_start=55
-  _globals['_EXECUTOREVENT']._serialized_end=70
+  _globals['_EXECUTORCALL']._serialized_start=62
+  _globals['_EXECUTORCALL']._serialized_end=411
+  _globals['_EXECUTORCALL_SUBSCRIBE']._serialized_start=231
+  _globals['_EXECUTORCALL_SUBSCRIBE']._serialized_end=352
+  _globals['_EXECUTORCALL_UPDATE']._serialized_start=354
+  _globals['_EXECUTORCALL_UPDATE']._serialized_end=403
+  _globals['_EXECUTOREVENT']._serialized_start=414
+  _globals['_EXECUTOREVENT']._serialized_end=1093
+  _globals['_EXECUTOREVENT_SUBSCRIBED']._serialized_start=717
+  _globals['_EXECUTOREVENT_SUBSCRIBED']._serialized_end=849
+  _globals['_EXECUTOREVENT_LAUNCH']._serialized_start=851
+  _globals['_EXECUTOREVENT_LAUNCH']._serialized_end=918
+  _globals['_EXECUTOREVENT_KILL']._serialized_start=920
+  _globals['_EXECUTOREVENT_KILL']._serialized_end=1001
+  _globals['_EXECUTOREVENT_ACKNOWLEDGED']._serialized_start=1003
+  _globals['_EXECUTOREVENT_ACKNOWLEDGED']._serialized_end=1048
+  _globals['_EXECUTOREVENT_SHUTDOWN']._serialized_start=1050
+  _globals['_EXECUTOREVENT_SHUTDOWN']._serialized_end=1084
 # @@protoc_insertion_point(module_scope)

@@ -34,7 +34,9 @@ class EchoProcess:
         )
         assert self.proc.stdout is not None
         self.endpoint = self.proc.stdout.readline().strip()
-        assert self.endpoint.startswith("tcp://"), self.proc.stderr.read() if self.proc.stderr else ""
+        if not self.endpoint.startswith("tcp://"):
+            err = self.proc.stderr.read() if self.proc.stderr else ""
+            raise AssertionError(f"echo server did not start: {err}")
 
     def stop(self) -> dict[str, int]:
         """SIGTERM; returns the counters the process printed on its way out."""

@@ -10,7 +10,6 @@ from collections.abc import Iterator
 import pytest
 import zmq
 
-from schemas import state_pb2
 from services.bus import codec
 from services.bus.peer import Sender
 from services.bus.reactor import Reactor
