@@ -1,0 +1,195 @@
+"""Resource arithmetic, the currency of offers, allocations and tasks: scalars (cpus, mem,
+disk, gpus) in fixed point, port ranges and sets, each keyed by name and reservation role."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from schemas import common_pb2
+
+UNRESERVED = "*"
+MILLI = 1000  # scalars are kept in thousandths, as Mesos's fixed point: no float drift
+
+Key = tuple[str, str]  # (name, role)
+Range = tuple[int, int]  # inclusive
+
+
+def _role(role: str) -> str:
+    return role or UNRESERVED
+
+
+def _merge(ranges: Iterable[Range]) -> tuple[Range, ...]:
+    out: list[list[int]] = []
+    for lo, hi in sorted(ranges):
+        if lo > hi:
+            raise ValueError(f"empty range [{lo}-{hi}]")
+        if out and lo <= out[-1][1] + 1:
+            out[-1][1] = max(out[-1][1], hi)
+        else:
+            out.append([lo, hi])
+    return tuple((lo, hi) for lo, hi in out)
+
+
+def _subtract_ranges(a: tuple[Range, ...], b: tuple[Range, ...]) -> tuple[Range, ...]:
+    out = list(a)
+    for blo, bhi in b:
+        nxt: list[Range] = []
+        for lo, hi in out:
+            if bhi < lo or blo > hi:
+                nxt.append((lo, hi))
+                continue
+            if lo < blo:
+                nxt.append((lo, blo - 1))
+            if bhi < hi:
+                nxt.append((bhi + 1, hi))
+        out = nxt
+    return tuple(out)
+
+
+def _ranges_contain(a: tuple[Range, ...], b: tuple[Range, ...]) -> bool:
+    return all(any(lo <= blo and bhi <= hi for lo, hi in a) for blo, bhi in b)
+
+
+@dataclass(frozen=True)
+class Resources:
+    """An immutable bag of resources. `a - b` needs `a.contains(b)`; `+` merges."""
+
+    scalars: Mapping[Key, int] = field(default_factory=dict)  # milli-units
+    ranges: Mapping[Key, tuple[Range, ...]] = field(default_factory=dict)
+    sets: Mapping[Key, frozenset[str]] = field(default_factory=dict)
+
+    # -- construction ------------------------------------------------------------------
+    @classmethod
+    def of(cls, role: str = UNRESERVED, ports: Iterable[Range] = (), **scalars: float) -> Resources:
+        """Resources.of(cpus=0.5, mem=128, ports=[(31000, 31009)])"""
+        role = _role(role)
+        sc = {(n, role): round(v * MILLI) for n, v in scalars.items() if round(v * MILLI)}
+        rg = {("ports", role): _merge(ports)} if ports else {}
+        return cls(sc, rg, {})
+
+    @classmethod
+    def parse(cls, text: str, role: str = UNRESERVED) -> Resources:
+        """Parse the flag syntax `cpus:2;mem:1024;ports:[31000-31999,32005-32005];gpus:0`."""
+        scalars: dict[Key, int] = {}
+        ranges: dict[Key, tuple[Range, ...]] = {}
+        sets: dict[Key, frozenset[str]] = {}
+        for part in filter(None, (p.strip() for p in text.split(";"))):
+            m = re.fullmatch(r"([a-z_][a-z0-9_]*)(?:\(([^)]*)\))?:(.+)", part)
+            if not m:
+                raise ValueError(f"bad resource {part!r}: expected name:value, e.g. cpus:2")
+            name, part_role, value = m.group(1), _role(m.group(2) or role), m.group(3).strip()
+            key = (name, part_role)
+            if value.startswith("["):
+                body = value.strip("[]")
+                try:
+                    pairs = [tuple(int(x) for x in r.split("-")) for r in body.split(",") if r]
+                    ranges[key] = _merge((p[0], p[-1]) for p in pairs)
+                except (ValueError, IndexError) as exc:
+                    raise ValueError(f"bad ranges in {part!r}: {exc}") from exc
+            elif value.startswith("{"):
+                sets[key] = frozenset(x.strip() for x in value.strip("{}").split(",") if x.strip())
+            else:
+                try:
+                    amount = float(value)
+                except ValueError as exc:
+                    raise ValueError(f"bad scalar in {part!r}") from exc
+                if amount < 0 or amount != amount:
+                    raise ValueError(f"negative or NaN scalar in {part!r}")
+                scalars[key] = round(amount * MILLI)
+        return cls(scalars, ranges, sets)
+
+    @classmethod
+    def from_proto(cls, resources: Iterable[common_pb2.Resource]) -> Resources:
+        total = cls()
+        for r in resources:
+            key = (r.name, _role(r.role))
+            kind = r.WhichOneof("value")
+            if kind == "scalar":
+                if r.scalar < 0 or r.scalar != r.scalar:
+                    raise ValueError(f"resource {r.name}: negative or NaN scalar")
+                total += cls({key: round(r.scalar * MILLI)})
+            elif kind == "ranges":
+                total += cls(ranges={key: _merge((x.begin, x.end) for x in r.ranges.ranges)})
+            elif kind == "set":
+                total += cls(sets={key: frozenset(r.set.items)})
+            else:
+                raise ValueError(f"resource {r.name!r} has no value")
+        return total
+
+    def to_proto(self) -> list[common_pb2.Resource]:
+        out = []
+        for (name, role), v in sorted(self.scalars.items()):
+            out.append(common_pb2.Resource(name=name, role=role, scalar=v / MILLI))
+        for (name, role), rs in sorted(self.ranges.items()):
+            r = common_pb2.Resource(name=name, role=role)
+            r.ranges.ranges.extend(common_pb2.ValueRange(begin=lo, end=hi) for lo, hi in rs)
+            out.append(r)
+        for (name, role), items in sorted(self.sets.items()):
+            r = common_pb2.Resource(name=name, role=role)
+            r.set.items.extend(sorted(items))
+            out.append(r)
+        return out
+
+    # -- algebra -----------------------------------------------------------------------
+    def __add__(self, other: Resources) -> Resources:
+        scalars = dict(self.scalars)
+        for k, v in other.scalars.items():
+            scalars[k] = scalars.get(k, 0) + v
+        ranges = dict(self.ranges)
+        for k, rs in other.ranges.items():
+            ranges[k] = _merge((*ranges.get(k, ()), *rs))
+        sets = dict(self.sets)
+        for k, items in other.sets.items():
+            sets[k] = sets.get(k, frozenset()) | items
+        return Resources(scalars, ranges, sets)
+
+    def contains(self, other: Resources) -> bool:
+        return (
+            all(self.scalars.get(k, 0) >= v for k, v in other.scalars.items())
+            and all(_ranges_contain(self.ranges.get(k, ()), rs) for k, rs in other.ranges.items())
+            and all(items <= self.sets.get(k, frozenset()) for k, items in other.sets.items())
+        )
+
+    def __sub__(self, other: Resources) -> Resources:
+        if not self.contains(other):
+            raise ValueError(f"cannot subtract {other} from {self}")
+        scalars = {k: v - other.scalars.get(k, 0) for k, v in self.scalars.items()}
+        ranges = {k: _subtract_ranges(rs, other.ranges.get(k, ())) for k, rs in self.ranges.items()}
+        sets = {k: items - other.sets.get(k, frozenset()) for k, items in self.sets.items()}
+        return Resources({k: v for k, v in scalars.items() if v},
+                         {k: v for k, v in ranges.items() if v},
+                         {k: v for k, v in sets.items() if v})
+
+    def is_empty(self) -> bool:
+        return not (self.scalars or self.ranges or self.sets)
+
+    def __bool__(self) -> bool:
+        return not self.is_empty()
+
+    # -- views -------------------------------------------------------------------------
+    def scalar(self, name: str) -> float:
+        """Total of a scalar across roles, in its unit (cores, MiB)."""
+        return sum(v for (n, _), v in self.scalars.items() if n == name) / MILLI
+
+    def names(self) -> set[str]:
+        return {n for n, _ in (*self.scalars, *self.ranges, *self.sets)}
+
+    def for_role(self, role: str) -> Resources:
+        """What a framework of `role` may use: unreserved plus reserved for `role`."""
+        keep = {UNRESERVED, _role(role)}
+        return Resources({k: v for k, v in self.scalars.items() if k[1] in keep},
+                         {k: v for k, v in self.ranges.items() if k[1] in keep},
+                         {k: v for k, v in self.sets.items() if k[1] in keep})
+
+    def __str__(self) -> str:
+        parts = []
+        for (n, r), v in sorted(self.scalars.items()):
+            parts.append(f"{n}{'' if r == UNRESERVED else f'({r})'}:{v / MILLI:g}")
+        for (n, r), rs in sorted(self.ranges.items()):
+            body = ",".join(f"{lo}-{hi}" for lo, hi in rs)
+            parts.append(f"{n}{'' if r == UNRESERVED else f'({r})'}:[{body}]")
+        for (n, r), items in sorted(self.sets.items()):
+            parts.append(f"{n}{'' if r == UNRESERVED else f'({r})'}:{{{','.join(sorted(items))}}}")
+        return ";".join(parts)

@@ -1,0 +1,77 @@
+"""Resource arithmetic: algebraic laws (hypothesis) and the flag/proto formats."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from services.resources import Resources
+
+ranges = st.lists(st.tuples(st.integers(0, 200), st.integers(0, 20)).map(
+    lambda t: (t[0], t[0] + t[1])), max_size=4)
+bags = st.builds(
+    lambda c, m, p, role: Resources.of(role=role, cpus=c, mem=m, ports=p),
+    st.integers(0, 16000).map(lambda x: x / 1000), st.integers(0, 4096), ranges,
+    st.sampled_from(["*", "web"]),
+)
+
+
+@given(bags, bags)
+def test_sum_contains_its_parts(a: Resources, b: Resources) -> None:
+    assert (a + b).contains(a) and (a + b).contains(b)
+    assert a + b == b + a
+
+
+@given(bags, bags)
+def test_scalars_add_and_subtract_as_a_bag(a: Resources, b: Resources) -> None:
+    a, b = Resources(a.scalars), Resources(b.scalars)
+    assert (a + b) - b == a
+
+
+@given(bags, bags)
+def test_ranges_subtract_as_sets(a: Resources, b: Resources) -> None:
+    a, b = Resources(ranges=a.ranges), Resources(ranges=b.ranges)
+    total = a + b
+    rest = total - b
+    assert total.contains(rest) and (rest + b) == total
+    for key, rs in rest.ranges.items():  # nothing of b is left
+        for lo, hi in rs:
+            assert not any(blo <= hi and lo <= bhi for blo, bhi in b.ranges.get(key, ()))
+
+
+@given(bags, bags)
+def test_subtraction_needs_containment(a: Resources, b: Resources) -> None:
+    if not a.contains(b):
+        with pytest.raises(ValueError):
+            a - b
+
+
+@given(bags)
+def test_proto_and_text_round_trips(a: Resources) -> None:
+    assert Resources.from_proto(a.to_proto()) == a
+    assert Resources.parse(str(a)) == a
+
+
+def test_parse_flag_syntax_and_errors() -> None:
+    r = Resources.parse("cpus:2;mem:1024;ports:[31000-31009,31020-31020];cpus(web):1")
+    assert r.scalar("cpus") == 3 and r.scalar("mem") == 1024
+    assert r.ranges[("ports", "*")] == ((31000, 31009), (31020, 31020))
+    assert r.for_role("db").scalar("cpus") == 2 and r.for_role("web").scalar("cpus") == 3
+    for bad in ("cpus", "cpus:x", "cpus:-1", "ports:[a-b]", "Cpus:1"):
+        with pytest.raises(ValueError):
+            Resources.parse(bad)
+
+
+def test_fixed_point_does_not_drift() -> None:
+    total = Resources.of(cpus=1.0)
+    tenth = Resources.of(cpus=0.1)
+    for _ in range(10):
+        total = total - tenth
+    assert total.is_empty()
+
+
+def test_port_ranges_split_and_merge() -> None:
+    r = Resources.of(ports=[(31000, 31010)]) - Resources.of(ports=[(31003, 31004)])
+    assert r.ranges[("ports", "*")] == ((31000, 31002), (31005, 31010))
+    assert (r + Resources.of(ports=[(31003, 31004)])) == Resources.of(ports=[(31000, 31010)])
