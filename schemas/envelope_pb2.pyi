@@ -12,6 +12,7 @@ from schemas import agent_pb2 as _agent_pb2
 from schemas import bus_pb2 as _bus_pb2
 from schemas import executor_pb2 as _executor_pb2
 from schemas import internal_pb2 as _internal_pb2
+from schemas import operator_pb2 as _operator_pb2
 from schemas import scheduler_pb2 as _scheduler_pb2
 import builtins as _builtins
 import sys
@@ -77,6 +78,8 @@ class Envelope(_message.Message):
     EXECUTOR_CALL_FIELD_NUMBER: _builtins.int
     EXECUTOR_EVENT_FIELD_NUMBER: _builtins.int
     INTERNAL_FIELD_NUMBER: _builtins.int
+    OPERATOR_CALL_FIELD_NUMBER: _builtins.int
+    OPERATOR_EVENT_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     """Protocol version; a receiver refuses a version it does not speak."""
     message_id: _builtins.str
@@ -119,6 +122,10 @@ class Envelope(_message.Message):
     def executor_event(self) -> _executor_pb2.ExecutorEvent: ...
     @_builtins.property
     def internal(self) -> _internal_pb2.InternalMessage: ...
+    @_builtins.property
+    def operator_call(self) -> _operator_pb2.OperatorCall: ...
+    @_builtins.property
+    def operator_event(self) -> _operator_pb2.OperatorEvent: ...
     def __init__(
         self,
         *,
@@ -143,12 +150,14 @@ class Envelope(_message.Message):
         executor_call: _executor_pb2.ExecutorCall | None = ...,
         executor_event: _executor_pb2.ExecutorEvent | None = ...,
         internal: _internal_pb2.InternalMessage | None = ...,
+        operator_call: _operator_pb2.OperatorCall | None = ...,
+        operator_event: _operator_pb2.OperatorEvent | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["agent_call", b"agent_call", "agent_event", b"agent_event", "error", b"error", "executor_call", b"executor_call", "executor_event", b"executor_event", "heartbeat", b"heartbeat", "internal", b"internal", "payload", b"payload", "scheduler_call", b"scheduler_call", "scheduler_event", b"scheduler_event", "snapshot_chunk", b"snapshot_chunk", "snapshot_request", b"snapshot_request", "state_delta", b"state_delta"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["agent_call", b"agent_call", "agent_event", b"agent_event", "error", b"error", "executor_call", b"executor_call", "executor_event", b"executor_event", "heartbeat", b"heartbeat", "internal", b"internal", "operator_call", b"operator_call", "operator_event", b"operator_event", "payload", b"payload", "scheduler_call", b"scheduler_call", "scheduler_event", b"scheduler_event", "snapshot_chunk", b"snapshot_chunk", "snapshot_request", b"snapshot_request", "state_delta", b"state_delta"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_call", b"agent_call", "agent_event", b"agent_event", "epoch", b"epoch", "error", b"error", "executor_call", b"executor_call", "executor_event", b"executor_event", "heartbeat", b"heartbeat", "in_reply_to", b"in_reply_to", "internal", b"internal", "message_id", b"message_id", "payload", b"payload", "scheduler_call", b"scheduler_call", "scheduler_event", b"scheduler_event", "sender_id", b"sender_id", "sender_role", b"sender_role", "sent_at_us", b"sent_at_us", "snapshot_chunk", b"snapshot_chunk", "snapshot_request", b"snapshot_request", "state_delta", b"state_delta", "traceparent", b"traceparent", "tracestate", b"tracestate", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_call", b"agent_call", "agent_event", b"agent_event", "epoch", b"epoch", "error", b"error", "executor_call", b"executor_call", "executor_event", b"executor_event", "heartbeat", b"heartbeat", "in_reply_to", b"in_reply_to", "internal", b"internal", "message_id", b"message_id", "operator_call", b"operator_call", "operator_event", b"operator_event", "payload", b"payload", "scheduler_call", b"scheduler_call", "scheduler_event", b"scheduler_event", "sender_id", b"sender_id", "sender_role", b"sender_role", "sent_at_us", b"sent_at_us", "snapshot_chunk", b"snapshot_chunk", "snapshot_request", b"snapshot_request", "state_delta", b"state_delta", "traceparent", b"traceparent", "tracestate", b"tracestate", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["heartbeat", "error", "snapshot_request", "snapshot_chunk", "state_delta", "scheduler_call", "scheduler_event", "agent_call", "agent_event", "executor_call", "executor_event", "internal"]  # noqa: Y015
+    _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["heartbeat", "error", "snapshot_request", "snapshot_chunk", "state_delta", "scheduler_call", "scheduler_event", "agent_call", "agent_event", "executor_call", "executor_event", "internal", "operator_call", "operator_event"]  # noqa: Y015
     _WhichOneofArgType_payload: _TypeAlias = _typing.Literal["payload", b"payload"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_payload) -> _WhichOneofReturnType_payload | None: ...
 
