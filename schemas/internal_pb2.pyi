@@ -472,8 +472,9 @@ class InternalMessage(_message.Message):
 
     @_typing.final
     class LaunchResult(_message.Message):
-        """master -> broker: the answer to a LaunchRequest. On rejection the master has told the
-        framework (AcceptRejected); the broker recovers the offers' resources.
+        """master -> broker: the answer to a LaunchRequest. On rejection the master has sent the
+        framework TASK_DROPPED for each task; the broker sends the offer-level AcceptRejected
+        and recovers the offers' resources.
         """
 
         DESCRIPTOR: _descriptor.Descriptor

@@ -37,6 +37,7 @@ class Reactor:
         self._poller = zmq.Poller()
         self._handlers: dict[Any, Handler] = {}
         self._timers: list[Timer] = []
+        self._idle: list[Handler] = []
         self._seq = itertools.count()
         self._running = False
 
@@ -72,6 +73,11 @@ class Reactor:
         heapq.heappush(self._timers, timer)
         return timer
 
+    def on_idle(self, fn: Handler) -> None:
+        """Run `fn` after every wake-up, once every ready socket was drained: the place to
+        flush work batched across messages (state deltas, outgoing batches)."""
+        self._idle.append(fn)
+
     # -- loop --------------------------------------------------------------------------
     def run_once(self, max_wait: float = 1.0) -> None:
         """Wait for I/O or the next timer (at most `max_wait` s), then dispatch."""
@@ -85,6 +91,8 @@ class Reactor:
             if handler is not None:
                 handler()
         self._run_due_timers()
+        for fn in self._idle:
+            fn()
 
     def _run_due_timers(self) -> None:
         now = self.clock()

@@ -47,6 +47,7 @@ class StatePublisher:
         self.frame_limit = frame_limit
         self.heartbeat_interval = heartbeat_interval
         self.core = PublisherCore(epoch, frame_limit)
+        self.active = True  # a standby binds its sockets early but neither beats nor serves
         self.pub = ctx.socket(zmq.PUB)
         self.pub.setsockopt(zmq.LINGER, 0)
         self.pub.setsockopt(zmq.SNDHWM, HWM)
@@ -67,7 +68,21 @@ class StatePublisher:
     def store(self) -> dict[str, StateEntry]:
         return self.core.store
 
+    def restart(self, epoch: int, entries: Iterable[StateEntry]) -> None:
+        """Lead afresh at `epoch` with this state (seq restarts; subscribers see the new epoch
+        on the next delta or heartbeat and re-snapshot)."""
+        self.core = PublisherCore(epoch, self.frame_limit)
+        self.core.apply(entries)
+        self.active = True
+        self._tick_now()
+
+    def deactivate(self) -> None:
+        """Stop publishing and serving snapshots (stepped down)."""
+        self.active = False
+
     def publish(self, entries: Iterable[StateEntry]) -> None:
+        if not self.active:
+            raise RuntimeError("publish on an inactive (stepped-down) publisher")
         for delta in self.core.apply(entries):
             env = codec.Envelope()
             env.state_delta.CopyFrom(delta)
@@ -80,12 +95,19 @@ class StatePublisher:
         self._last_sent = self.reactor.now()
 
     def _tick(self) -> None:
-        if self.reactor.now() - self._last_sent >= self.heartbeat_interval:
-            env = codec.Envelope()
-            env.state_delta.CopyFrom(self.core.heartbeat())
-            self._send(env)
+        if self.active and self.reactor.now() - self._last_sent >= self.heartbeat_interval:
+            self._tick_now()
+
+    def _tick_now(self) -> None:
+        env = codec.Envelope()
+        env.state_delta.CopyFrom(self.core.heartbeat())
+        self._send(env)
 
     def _on_request(self, peer: bytes, env: codec.Envelope) -> None:
+        if not self.active:
+            self.snapshots.send(peer, codec.error_envelope(
+                codec.ErrorCode.Value("NOT_LEADER"), "this publisher is not leading"))
+            return
         if env.WhichOneof("payload") != "snapshot_request":
             self.snapshots.send(peer, codec.error_envelope(
                 codec.ErrorCode.Value("UNEXPECTED"),

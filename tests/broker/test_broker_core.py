@@ -1,0 +1,748 @@
+"""The offer-broker's pure core: a unit test per rule of the offer lifecycle, then a
+hypothesis state machine checking that every allocated resource is always in exactly one
+place (offered, launching, returned to the allocator, or forgotten with its agent/broker)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from schemas import common_pb2, internal_pb2
+from services.broker.core import (
+    AcceptRejected,
+    Anomaly,
+    BrokerCore,
+    Command,
+    IllegalTransition,
+    LaunchRequest,
+    Offer,
+    OfferState,
+    RecoverResources,
+    Recovery,
+    Rescind,
+    SendOffers,
+    coalesce,
+    refuse_seconds,
+)
+from services.resources import Resources
+
+RR = common_pb2.RescindReason
+RJ = common_pb2.RejectReason
+RC = internal_pb2.InternalMessage.RecoverResources.Reason
+T0 = 1_000.0
+
+
+def alloc(aid: str, fw: str = "f1", agent: str = "a1", role: str = "*",
+          ports: list[tuple[int, int]] | None = None,
+          **res: Any) -> internal_pb2.Allocation:
+    r = Resources.of(ports=ports or (), **(res or {"cpus": 2, "mem": 1024}))
+    return internal_pb2.Allocation(allocation_id=aid, framework_id=fw, agent_id=agent,
+                                   role=role, resources=r.to_proto(), traceparent=f"tp-{aid}")
+
+
+def task(tid: str, role: str = "*", ports: list[tuple[int, int]] | None = None,
+         **res: Any) -> common_pb2.TaskInfo:
+    return common_pb2.TaskInfo(task_id=tid, name=tid,
+                               resources=Resources.of(role, ports or (), **res).to_proto())
+
+
+def launch(*tasks: common_pb2.TaskInfo) -> common_pb2.Operation:
+    return common_pb2.Operation(launch=common_pb2.Operation.Launch(tasks=tasks))
+
+
+def reserve(role: str, **res: Any) -> common_pb2.Operation:
+    return common_pb2.Operation(reserve=common_pb2.Operation.Reserve(
+        resources=Resources.of(role, **res).to_proto()))
+
+
+def filters(refuse: float | None) -> common_pb2.Filters:
+    return common_pb2.Filters() if refuse is None else common_pb2.Filters(refuse_seconds=refuse)
+
+
+def only(cmds: list[Command], cls: type[Any]) -> list[Any]:
+    return [c for c in cmds if isinstance(c, cls)]
+
+
+def recoveries(cmds: list[Command]) -> list[Recovery]:
+    return [r for c in only(cmds, RecoverResources) for r in c.recoveries]
+
+
+def offer_ids(cmds: list[Command]) -> list[str]:
+    return [o.offer_id for c in only(cmds, SendOffers) for o in c.offers]
+
+
+def make(n: int = 1, fw: str = "f1", agent: str = "a1", timeout: float | None = 30.0,
+         **res: Any) -> tuple[BrokerCore, list[str]]:
+    core = BrokerCore(prefix="e7", offer_timeout=timeout)
+    cmds = core.allocations([alloc(f"al{i}", fw, agent, **res) for i in range(n)], T0)
+    core.validate()
+    return core, offer_ids(cmds)
+
+
+def rejected(cmds: list[Command]) -> AcceptRejected:
+    (rej,) = only(cmds, AcceptRejected)
+    assert not only(cmds, LaunchRequest)
+    return rej
+
+
+# -- allocations become offers ----------------------------------------------------------
+
+def test_allocations_become_offers_batched_per_framework() -> None:
+    core = BrokerCore(prefix="e7")
+    core.agent_updated("a1", "host-1", Resources.of(cpus=16, mem=8192), T0)
+    cmds = core.allocations([alloc("x", "f1"), alloc("y", "f2"), alloc("z", "f1")], T0)
+    sends = only(cmds, SendOffers)
+    assert sorted((s.framework_id, len(s.offers)) for s in sends) == [("f1", 2), ("f2", 1)]
+    offers = [o for s in sends for o in s.offers]
+    assert [o.offer_id for o in offers if o.framework_id == "f1"] == ["e7-o1", "e7-o3"]
+    o = core.offer("e7-o1")
+    assert o is not None and o.hostname == "host-1" and o.expires_at == T0 + 30
+    assert o.allocation_id == "x" and o.traceparent == "tp-x"
+    assert o.to_proto().expires_at_us == int((T0 + 30) * 1e6)
+    assert core.outstanding("a1") == Resources.of(cpus=6, mem=3072)
+    msg = sends[0].to_proto()
+    assert msg.framework_event.event.offers.offers[0].offer_id.startswith("e7-o")
+    core.validate()
+
+
+def test_offer_without_timeout_never_expires() -> None:
+    core, (oid,) = make(timeout=None)
+    assert core.tick(T0 + 1e9) == []
+    offer = core.offer(oid)
+    assert offer is not None and offer.to_proto().expires_at_us == 0
+
+
+def test_ids_differ_across_broker_epochs_and_old_ids_are_unknown() -> None:
+    _, (oid,) = make()
+    new = BrokerCore(prefix="e8")
+    assert offer_ids(new.allocations([alloc("al0")], T0)) == ["e8-o1"]
+    rej = rejected(new.accept("f1", [oid], [], None, T0))
+    assert rej.reason == RJ.REJECT_REASON_OFFER_UNKNOWN and "unknown" in rej.message
+
+
+def test_allocation_beyond_agent_total_is_handed_back() -> None:
+    core = BrokerCore(prefix="e7")
+    core.agent_updated("a1", "h", Resources.of(cpus=4, mem=4096), T0)
+    cmds = core.allocations([alloc("x", cpus=3, mem=1), alloc("y", cpus=2, mem=1)], T0)
+    assert len(offer_ids(cmds)) == 1
+    (rec,) = recoveries(cmds)
+    assert rec.allocation_id == "y" and rec.reason == RC.RECOVER_REASON_RESCINDED
+    assert only(cmds, Anomaly)[0].kind == "allocation_over_total"
+    core.validate()
+
+
+def test_same_port_is_never_offered_twice_even_without_a_known_total() -> None:
+    core = BrokerCore(prefix="e7")
+    cmds = core.allocations([alloc("x", ports=[(31000, 31004)], cpus=1),
+                             alloc("y", "f2", ports=[(31004, 31006)], cpus=1)], T0)
+    assert len(offer_ids(cmds)) == 1 and recoveries(cmds)[0].allocation_id == "y"
+
+
+def test_duplicate_and_empty_allocations_are_dropped() -> None:
+    core, _ = make()
+    cmds = core.allocations([alloc("al0"), internal_pb2.Allocation(
+        allocation_id="e", framework_id="f1", agent_id="a1")], T0)
+    assert [a.kind for a in only(cmds, Anomaly)] == ["allocation_dropped"] * 2
+    assert not offer_ids(cmds) and not recoveries(cmds)
+
+
+# -- accept ----------------------------------------------------------------------------
+
+def test_valid_accept_launches_and_recovers_the_remainder_under_its_filter() -> None:
+    core, (oid,) = make(cpus=4, mem=1024)
+    ops = [launch(task("t1", cpus=1, mem=256), task("t2", cpus=2, mem=256))]
+    cmds = core.accept("f1", [oid], ops, filters(10), T0 + 1)
+    (req,) = only(cmds, LaunchRequest)
+    assert (req.framework_id, req.agent_id, req.offer_ids) == ("f1", "a1", (oid,))
+    assert list(req.operations) == ops and req.traceparents == ("tp-al0",)
+    (rec,) = recoveries(cmds)
+    assert rec.reason == RC.RECOVER_REASON_UNUSED and rec.refuse_seconds == 10
+    assert rec.resources == Resources.of(cpus=1, mem=512)
+    assert core.state(oid) is OfferState.LAUNCHING
+    core.validate()
+    done = core.launch_result(req.request_id, accepted=True)
+    (rec,) = recoveries(done)
+    assert rec.reason == RC.RECOVER_REASON_LAUNCHED and rec.task_ids == ("t1", "t2")
+    assert rec.resources == Resources.of(cpus=3, mem=512) and rec.allocation_id == "al0"
+    assert not only(done, AcceptRejected)
+    assert core.state(oid) is OfferState.LAUNCHED
+    core.validate()
+
+
+def test_accept_pools_offers_of_one_agent() -> None:
+    core, ids = make(2, cpus=2, mem=512)
+    cmds = core.accept("f1", ids, [launch(task("t", cpus=4, mem=1024))], None, T0)
+    assert only(cmds, LaunchRequest)[0].offer_ids == tuple(ids)
+    assert not recoveries(cmds)  # nothing left over
+
+
+def test_accept_without_operations_returns_everything_under_its_filter() -> None:
+    core, (oid,) = make()
+    cmds = core.accept("f1", [oid], [], None, T0)
+    assert not only(cmds, LaunchRequest)
+    (rec,) = recoveries(cmds)
+    assert rec.reason == RC.RECOVER_REASON_UNUSED and rec.refuse_seconds == 5.0
+    assert core.state(oid) is OfferState.ACCEPTED
+
+
+def test_accept_of_an_expired_offer_is_rejected() -> None:
+    core, (oid,) = make()
+    cmds = core.accept("f1", [oid], [launch(task("t", cpus=1))], None, T0 + 30)
+    rej = rejected(cmds)
+    assert rej.reason == RJ.REJECT_REASON_OFFER_UNKNOWN and "expired" in rej.message
+    assert rej.task_ids == ("t",)
+    # The expiry itself happened first, in the same step.
+    assert only(cmds, Rescind)[0].reason == RR.RESCIND_REASON_EXPIRED
+    assert [r.reason for r in recoveries(cmds)] == [RC.RECOVER_REASON_EXPIRED]
+
+
+def test_accept_with_a_foreign_offer_uses_up_only_its_own() -> None:
+    core = BrokerCore(prefix="e7")
+    mine, theirs = offer_ids(core.allocations([alloc("x", "f1"), alloc("y", "f2")], T0))
+    cmds = core.accept("f1", [mine, theirs], [launch(task("t", cpus=1))], None, T0)
+    rej = rejected(cmds)
+    assert rej.reason == RJ.REJECT_REASON_OFFER_UNKNOWN
+    assert "not an offer of this framework" in rej.message and rej.framework_id == "f1"
+    (rec,) = recoveries(cmds)
+    assert (rec.offer_id, rec.reason, rec.refuse_seconds) == (
+        mine, RC.RECOVER_REASON_LAUNCH_REJECTED, 0.0)
+    assert core.state(mine) is OfferState.REJECTED
+    assert core.state(theirs) is OfferState.OFFERED
+    core.validate()
+
+
+def test_accept_of_an_already_used_offer_is_rejected() -> None:
+    core, (oid,) = make()
+    core.accept("f1", [oid], [launch(task("t", cpus=1))], None, T0)
+    rej = rejected(core.accept("f1", [oid], [launch(task("u", cpus=1))], None, T0))
+    assert rej.reason == RJ.REJECT_REASON_OFFER_UNKNOWN and "already used" in rej.message
+    done, _ = make()
+    done.accept("f1", [oid], [], None, T0)
+    rej = rejected(done.accept("f1", [oid], [], None, T0))
+    assert "no longer outstanding (accepted)" in rej.message
+
+
+def test_offer_named_twice_in_one_accept_is_rejected_and_used_up() -> None:
+    core, (oid,) = make()
+    cmds = core.accept("f1", [oid, oid], [launch(task("t", cpus=1))], None, T0)
+    assert "named twice" in rejected(cmds).message
+    assert core.state(oid) is OfferState.REJECTED
+
+
+def test_offers_of_two_agents_are_rejected() -> None:
+    core = BrokerCore(prefix="e7")
+    ids = offer_ids(core.allocations([alloc("x", agent="a1"), alloc("y", agent="a2")], T0))
+    cmds = core.accept("f1", ids, [launch(task("t", cpus=1))], None, T0)
+    assert rejected(cmds).reason == RJ.REJECT_REASON_OFFERS_MIXED_AGENTS
+    assert {r.offer_id for r in recoveries(cmds)} == set(ids)
+
+
+def test_tasks_that_do_not_fit_are_rejected() -> None:
+    core, (oid,) = make(cpus=2, mem=1024)
+    ops = [launch(task("t1", cpus=1.5, mem=100), task("t2", cpus=1, mem=100))]
+    cmds = core.accept("f1", [oid], ops, filters(60), T0)
+    rej = rejected(cmds)
+    assert rej.reason == RJ.REJECT_REASON_RESOURCES_EXCEEDED and "need" in rej.message
+    assert rej.task_ids == ("t1", "t2")
+    (rec,) = recoveries(cmds)
+    assert rec.reason == RC.RECOVER_REASON_LAUNCH_REJECTED and rec.refuse_seconds == 0
+    assert rec.resources == Resources.of(cpus=2, mem=1024)
+    core.validate()
+
+
+@pytest.mark.parametrize(("ops", "needle"), [
+    ([launch(task("t", cpus=1), task("t", cpus=1))], "duplicate task id"),
+    ([launch(task("t", cpus=1)), launch(task("t", cpus=1))], "duplicate task id"),
+    ([launch(task("t"))], "has no resources"),
+    ([launch(task("", cpus=1))], "empty task_id"),
+    ([common_pb2.Operation()], "has no kind"),
+])
+def test_invalid_tasks_are_rejected(ops: list[common_pb2.Operation], needle: str) -> None:
+    core, (oid,) = make()
+    rej = rejected(core.accept("f1", [oid], ops, None, T0))
+    assert rej.reason == RJ.REJECT_REASON_TASK_INVALID and needle in rej.message
+
+
+def test_port_mapping_outside_the_tasks_ports_is_rejected() -> None:
+    core = BrokerCore(prefix="e7")
+    (oid,) = offer_ids(core.allocations([alloc("x", ports=[(31000, 31009)], cpus=1)], T0))
+    t = task("t", cpus=1, ports=[(31000, 31000)])
+    t.container.docker.port_mappings.add(host_port=31005, container_port=80)
+    rej = rejected(core.accept("f1", [oid], [launch(t)], None, T0))
+    assert rej.reason == RJ.REJECT_REASON_TASK_INVALID and "31005" in rej.message
+
+
+def test_reserve_then_launch_on_the_reservation() -> None:
+    core = BrokerCore(prefix="e7")
+    (oid,) = offer_ids(core.allocations([alloc("x", role="web", cpus=4, mem=512)], T0))
+    ops = [reserve("web", cpus=2), launch(task("t", role="web", cpus=1), task("u", mem=128))]
+    cmds = core.accept("f1", [oid], ops, None, T0)
+    assert only(cmds, LaunchRequest)
+    (rec,) = recoveries(cmds)  # the unused part of the reservation goes back reserved
+    assert rec.resources == Resources.of(cpus=2, mem=384) + Resources.of("web", cpus=1)
+    bad = core.allocations([alloc("y", role="web", cpus=1, mem=1)], T0)
+    (oid,) = offer_ids(bad)
+    ops = [reserve("web", cpus=1), launch(task("t", role="web", cpus=1, mem=1))]
+    assert rejected(core.accept("f1", [oid], ops, None, T0)).reason == (
+        RJ.REJECT_REASON_RESOURCES_EXCEEDED)  # mem was not reserved
+
+
+@pytest.mark.parametrize(("op", "reason"), [
+    (reserve("web", cpus=5), RJ.REJECT_REASON_RESOURCES_EXCEEDED),
+    (reserve("db", cpus=1), RJ.REJECT_REASON_UNAUTHORIZED),
+    (reserve("*", cpus=1), RJ.REJECT_REASON_TASK_INVALID),
+    (common_pb2.Operation(unreserve=common_pb2.Operation.Unreserve(
+        resources=Resources.of("web", cpus=1).to_proto())), RJ.REJECT_REASON_RESOURCES_EXCEEDED),
+])
+def test_reservations_only_on_resources_in_the_offer(op: common_pb2.Operation,
+                                                      reason: int) -> None:
+    core = BrokerCore(prefix="e7")
+    (oid,) = offer_ids(core.allocations([alloc("x", role="web", cpus=4, mem=512)], T0))
+    assert rejected(core.accept("f1", [oid], [op], None, T0)).reason == reason
+
+
+# -- decline, expiry, launch results, removals -------------------------------------------
+
+@pytest.mark.parametrize(("given", "expected"), [
+    (5.0, 5.0), (None, 5.0), (0.0, 0.0), (12.5, 12.5), (-1.0, 5.0), (float("nan"), 5.0),
+    (float("inf"), 365 * 24 * 3600.0),
+])
+def test_decline_recovers_under_the_filter(given: float | None, expected: float) -> None:
+    core, (oid,) = make()
+    cmds = core.decline("f1", [oid], filters(given), T0, reason="needs a gpu")
+    (rec,) = recoveries(cmds)
+    assert rec.reason == RC.RECOVER_REASON_DECLINED and rec.refuse_seconds == expected
+    assert core.state(oid) is OfferState.DECLINED and not core.outstanding("a1")
+    assert refuse_seconds(None) == 5.0
+    core.validate()
+
+
+def test_decline_of_foreign_or_unknown_offers_is_ignored() -> None:
+    core, (oid,) = make()
+    cmds = core.decline("f2", [oid, "nope"], None, T0)
+    assert not recoveries(cmds) and len(only(cmds, Anomaly)) == 2
+    assert core.state(oid) is OfferState.OFFERED
+
+
+def test_offer_expires_at_exactly_its_timeout() -> None:
+    core, ids = make(2, fw="f1")
+    assert core.next_expiry() == T0 + 30
+    assert core.tick(T0 + 29.999) == []
+    cmds = core.tick(T0 + 30)
+    (resc,) = only(cmds, Rescind)
+    assert resc.reason == RR.RESCIND_REASON_EXPIRED and sorted(resc.offer_ids) == sorted(ids)
+    recs = recoveries(cmds)
+    assert [r.reason for r in recs] == [RC.RECOVER_REASON_EXPIRED] * 2
+    assert all(r.refuse_seconds == 0 for r in recs)
+    assert core.next_expiry() is None and core.tick(T0 + 60) == []
+    core.validate()
+
+
+def test_launch_refused_by_the_master() -> None:
+    core, (oid,) = make(cpus=4, mem=1024)
+    cmds = core.accept("f1", [oid], [launch(task("t", cpus=1, mem=100))], None, T0)
+    (req,) = only(cmds, LaunchRequest)
+    done = core.launch_result(req.request_id, accepted=False,
+                              reason=RJ.REJECT_REASON_AGENT_INSUFFICIENT, message="full")
+    rej = rejected(done)
+    assert (rej.reason, rej.message, rej.task_ids, rej.offer_ids) == (
+        RJ.REJECT_REASON_AGENT_INSUFFICIENT, "full", ("t",), (oid,))
+    (rec,) = recoveries(done)
+    assert rec.reason == RC.RECOVER_REASON_LAUNCH_REJECTED and rec.refuse_seconds == 0
+    assert rec.resources == Resources.of(cpus=1, mem=100)
+    assert core.state(oid) is OfferState.LAUNCH_FAILED
+    again = core.launch_result(req.request_id, accepted=True)
+    assert [type(c) for c in again] == [Anomaly]
+    core.validate()
+
+
+def test_agent_removed_rescinds_without_recovery() -> None:
+    core = BrokerCore(prefix="e7")
+    core.allocations([alloc("x", "f1"), alloc("y", "f2"), alloc("z", agent="a2")], T0)
+    cmds = core.agent_removed("a1", T0)
+    assert sorted((r.framework_id, r.reason) for r in only(cmds, Rescind)) == [
+        ("f1", RR.RESCIND_REASON_AGENT_REMOVED), ("f2", RR.RESCIND_REASON_AGENT_REMOVED)]
+    assert not recoveries(cmds) and not core.outstanding("a1") and core.outstanding("a2")
+    core.validate()
+
+
+def test_framework_removed_rescinds_and_recovers() -> None:
+    core = BrokerCore(prefix="e7")
+    core.allocations([alloc("x", "f1"), alloc("y", "f2"), alloc("z", "f1", "a2")], T0)
+    cmds = core.framework_removed("f1", T0)
+    (resc,) = only(cmds, Rescind)
+    assert resc.reason == RR.RESCIND_REASON_FRAMEWORK_INACTIVE and len(resc.offer_ids) == 2
+    assert {r.reason for r in recoveries(cmds)} == {RC.RECOVER_REASON_RESCINDED}
+    assert [o.framework_id for o in core.outstanding_offers()] == ["f2"]
+
+
+def test_agent_shrinking_below_its_offers_rescinds_them() -> None:
+    core = BrokerCore(prefix="e7")
+    core.agent_updated("a1", "h", Resources.of(cpus=8, mem=8192), T0)
+    core.allocations([alloc("x", cpus=4, mem=1)], T0)
+    cmds = core.agent_updated("a1", "h", Resources.of(cpus=2, mem=8192), T0)
+    assert only(cmds, Rescind)[0].reason == RR.RESCIND_REASON_RECLAIMED
+    assert recoveries(cmds)[0].reason == RC.RECOVER_REASON_RESCINDED
+    core.validate()
+
+
+def test_rescind_all_empties_the_table_without_recovery() -> None:
+    core = BrokerCore(prefix="e7")
+    ids = offer_ids(core.allocations([alloc("x", "f1"), alloc("y", "f2"), alloc("z", "f1")],
+                                     T0))
+    (req,) = only(core.accept("f1", [ids[0]], [launch(task("t", cpus=1))], None, T0),
+                  LaunchRequest)
+    cmds = core.rescind_all()
+    assert sorted((r.framework_id, len(r.offer_ids)) for r in only(cmds, Rescind)) == [
+        ("f1", 1), ("f2", 1)]
+    assert {r.reason for r in only(cmds, Rescind)} == {RR.RESCIND_REASON_BROKER_FAILOVER}
+    assert not recoveries(cmds)
+    assert not core.outstanding_offers() and not core.pending_launches
+    assert core.state(ids[0]) is OfferState.ABANDONED
+    assert only(core.launch_result(req.request_id, True), Anomaly)
+    core.validate()
+
+
+def test_illegal_transitions_raise() -> None:
+    core, (oid,) = make()
+    core.decline("f1", [oid], None, T0)
+    with pytest.raises(IllegalTransition):
+        core._move(oid, OfferState.LAUNCHING)
+    with pytest.raises(IllegalTransition):
+        core._move("never", OfferState.DECLINED)
+
+
+def test_coalesce_batches_a_drain_and_hides_offers_rescinded_within_it() -> None:
+    core = BrokerCore(prefix="e7")
+    cmds = core.allocations([alloc("x", "f1"), alloc("y", "f2")], T0)
+    cmds += core.allocations([alloc("z", "f1", "a2")], T0)
+    cmds += core.agent_removed("a2", T0)
+    cmds += core.decline("f2", offer_ids(cmds)[1:2], None, T0)
+    out = coalesce(cmds)
+    sends = only(out, SendOffers)
+    assert [(s.framework_id, [o.offer_id for o in s.offers]) for s in sends] == [
+        ("f1", ["e7-o1"]), ("f2", ["e7-o2"])]
+    assert not only(out, Rescind)
+    assert len(only(out, RecoverResources)) == 1
+
+
+def test_recovery_proto_always_carries_an_explicit_filter() -> None:
+    rec = Recovery("f1", "a1", Resources.of(cpus=1), RC.RECOVER_REASON_EXPIRED)
+    msg = RecoverResources((rec,)).to_proto()
+    assert msg.recover_resources.recoveries[0].filters.HasField("refuse_seconds")
+    assert msg.recover_resources.recoveries[0].filters.refuse_seconds == 0
+    rej = AcceptRejected("f1", ("o",), ("t",), RJ.REJECT_REASON_TASK_INVALID, "bad")
+    assert rej.to_proto().framework_event.event.accept_rejected.message == "bad"
+    resc = Rescind("f1", ("o",), RR.RESCIND_REASON_EXPIRED)
+    assert list(resc.to_proto().framework_event.event.rescind.offer_ids) == ["o"]
+    req = LaunchRequest("r", "f1", "a1", ("o",), (launch(task("t", cpus=1)),))
+    assert req.to_proto().launch_request.operations[0].launch.tasks[0].task_id == "t"
+
+
+# -- the state machine -------------------------------------------------------------------
+
+AGENTS = ("a0", "a1", "a2")
+ROLES = {"f0": "*", "f1": "web", "f2": "web"}
+FRAMEWORKS = tuple(ROLES)
+TOTAL = Resources.of(cpus=8, mem=4096, ports=[(31000, 31007)])
+TIMEOUT = 10.0
+
+
+def ledger(r: Resources) -> Counter[Any]:
+    """Role-blind quantities, ports counted one by one, so a double count shows."""
+    c: Counter[Any] = Counter()
+    for (name, _), v in r.scalars.items():
+        c[name] += v
+    for (name, _), rs in r.ranges.items():
+        for lo, hi in rs:
+            c.update((name, p) for p in range(lo, hi + 1))
+    return c
+
+
+def tasks_of(ops: tuple[common_pb2.Operation, ...]) -> Resources:
+    total = Resources()
+    for op in ops:
+        for t in op.launch.tasks:
+            total += Resources.from_proto(t.resources)
+    return total
+
+
+FLAWS = {
+    "foreign": RJ.REJECT_REASON_OFFER_UNKNOWN,
+    "dead_offer": RJ.REJECT_REASON_OFFER_UNKNOWN,
+    "twice": RJ.REJECT_REASON_OFFER_UNKNOWN,
+    "mixed_agents": RJ.REJECT_REASON_OFFERS_MIXED_AGENTS,
+    "too_big": RJ.REJECT_REASON_RESOURCES_EXCEEDED,
+    "dup_task": RJ.REJECT_REASON_TASK_INVALID,
+    "empty_task": RJ.REJECT_REASON_TASK_INVALID,
+}
+
+
+class BrokerMachine(RuleBasedStateMachine):
+    """The broker between a random allocator, frameworks and master. The model is built
+    only from the commands the core emits, then compared with the core."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.core = BrokerCore(prefix="e1", offer_timeout=TIMEOUT)
+        self.now = T0
+        self.n = 0
+        self.agents: set[str] = set()
+        self.live: dict[str, Offer] = {}  # offers the frameworks hold
+        self.pending: dict[str, tuple[str, str, Resources]] = {}  # request -> fw, agent, res
+        self.seen: set[str] = set()  # every offer id ever sent
+        self.launched_offers: set[str] = set()  # offers named by any LaunchRequest
+        self.allocated: Counter[Any] = Counter()
+        self.returned: Counter[Any] = Counter()  # Recovery, any reason (LAUNCHED included)
+        self.forgotten: Counter[Any] = Counter()  # agent removed, rescind_all
+        for a in AGENTS:
+            self.run(self.core.agent_updated(a, f"host-{a}", TOTAL, self.now))
+            self.agents.add(a)
+
+    # -- the model, driven by the core's commands --------------------------------------
+    def run(self, cmds: list[Command]) -> list[Command]:
+        recovered_ids = {r.offer_id for r in recoveries(cmds)}
+        for c in cmds:
+            if isinstance(c, LaunchRequest):
+                for oid in c.offer_ids:
+                    o = self.live.pop(oid)
+                    assert (o.framework_id, o.agent_id) == (c.framework_id, c.agent_id)
+                    assert oid not in self.launched_offers, f"offer {oid} used twice"
+                    self.launched_offers.add(oid)
+                assert c.request_id not in self.pending
+                self.pending[c.request_id] = (c.framework_id, c.agent_id,
+                                              tasks_of(c.operations))
+            elif isinstance(c, Rescind):
+                for oid in c.offer_ids:
+                    o = self.live.pop(oid)
+                    assert o.framework_id == c.framework_id
+                    if oid not in recovered_ids:
+                        self.forgotten += ledger(o.resources)
+            elif isinstance(c, RecoverResources):
+                for r in c.recoveries:
+                    self.returned += ledger(r.resources)
+                    if r.reason not in (RC.RECOVER_REASON_DECLINED, RC.RECOVER_REASON_UNUSED):
+                        assert r.refuse_seconds == 0, r
+                    if r.reason in (RC.RECOVER_REASON_DECLINED, RC.RECOVER_REASON_UNUSED,
+                                    RC.RECOVER_REASON_LAUNCH_REJECTED):
+                        self.live.pop(r.offer_id, None)  # used up by a decline or accept
+            elif isinstance(c, SendOffers):
+                for o in c.offers:
+                    assert o.offer_id not in self.seen and o.framework_id == c.framework_id
+                    self.seen.add(o.offer_id)
+                    self.live[o.offer_id] = o
+        self.core.validate()
+        return cmds
+
+    # -- rules -------------------------------------------------------------------------
+    @precondition(lambda self: self.agents)  # an allocator offers only agents it knows
+    @rule(data=st.data(), n=st.integers(1, 4))
+    def allocate(self, data: st.DataObject, n: int) -> None:
+        batch = []
+        for _ in range(n):
+            self.n += 1
+            lo = data.draw(st.integers(31000, 31007))
+            ports = [(lo, min(31007, lo + data.draw(st.integers(0, 2))))] if data.draw(
+                st.booleans()) else None
+            a = alloc(f"al{self.n}", data.draw(st.sampled_from(FRAMEWORKS)),
+                      data.draw(st.sampled_from(sorted(self.agents))),
+                      ports=ports, cpus=data.draw(st.integers(1, 4)),
+                      mem=data.draw(st.sampled_from([128, 512, 1024])))
+            a.role = ROLES[a.framework_id]
+            self.allocated += ledger(Resources.from_proto(a.resources))
+            batch.append(a)
+        cmds = self.run(self.core.allocations(batch, self.now))
+        assert len(only(cmds, SendOffers)) == len({o.framework_id for c in only(
+            cmds, SendOffers) for o in c.offers})  # one per framework
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def accept_valid(self, data: st.DataObject) -> None:
+        first = self.live[data.draw(st.sampled_from(sorted(self.live)))]
+        same = sorted(i for i, o in self.live.items() if o.framework_id == first.framework_id
+                      and o.agent_id == first.agent_id)
+        ids = data.draw(st.lists(st.sampled_from(same), min_size=1, unique=True))
+        if first.offer_id not in ids:
+            ids.append(first.offer_id)
+        pool = Resources()
+        for i in ids:
+            pool += self.live[i].resources
+        role = ROLES[first.framework_id]
+        ops: list[common_pb2.Operation] = []
+        cpus, mem = int(pool.scalar("cpus")), pool.scalar("mem")
+        if role != "*" and data.draw(st.booleans()):
+            ops.append(reserve(role, cpus=1))
+            ops.append(launch(task(f"r{self.n}", role=role, cpus=1)))
+            cpus -= 1
+        tasks: list[common_pb2.TaskInfo] = []
+        while cpus > 0 and (not tasks or data.draw(st.booleans())):
+            c = data.draw(st.integers(1, cpus))
+            cpus -= c
+            tasks.append(task(f"t{len(tasks)}-{self.n}", cpus=c, mem=mem / 32))
+        if tasks:
+            ops.append(launch(*tasks))
+        expired = any(self.live[i].expires_at <= self.now for i in ids)
+        refuse = data.draw(st.sampled_from([None, 0.0, 3.0]))
+        cmds = self.run(self.core.accept(first.framework_id, ids, ops, filters(refuse),
+                                         self.now))
+        if expired:
+            assert only(cmds, AcceptRejected)
+        else:
+            assert not only(cmds, AcceptRejected), only(cmds, AcceptRejected)
+            assert len(only(cmds, LaunchRequest)) == (1 if ops else 0)
+            assert all(r.refuse_seconds == refuse_seconds(filters(refuse))
+                       for r in recoveries(cmds))
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data(), flaw=st.sampled_from(sorted(FLAWS)))
+    def accept_flawed(self, data: st.DataObject, flaw: str) -> None:
+        """A plausible ACCEPT with one flaw: it must be refused for that reason, use up
+        exactly the framework's live offers it names, and launch nothing."""
+        first = self.live[data.draw(st.sampled_from(sorted(self.live)))]
+        fw, agent = first.framework_id, first.agent_id
+        ids = [first.offer_id]
+        cpus = first.resources.scalar("cpus")
+        tasks = [task("t", cpus=cpus / 2), task("u", cpus=cpus / 4)]
+        expected = FLAWS[flaw]
+        if flaw == "foreign":
+            fw = data.draw(st.sampled_from([f for f in FRAMEWORKS if f != fw]))
+        elif flaw == "dead_offer":
+            ids.append(data.draw(st.sampled_from(sorted(self.seen - set(self.live))
+                                                 or ["bogus"])))
+        elif flaw == "twice":
+            ids.append(first.offer_id)
+        elif flaw == "too_big":
+            tasks.append(task("v", cpus=cpus))
+        elif flaw == "dup_task":
+            tasks.append(task("u", cpus=0.001))
+        elif flaw == "empty_task":
+            tasks.append(task("v"))
+        elif flaw == "mixed_agents":
+            other = sorted(i for i, o in self.live.items()
+                           if o.framework_id == fw and o.agent_id != agent)
+            if not other:
+                return
+            ids.append(data.draw(st.sampled_from(other)))
+        expired = any(self.live[i].expires_at <= self.now for i in ids if i in self.live)
+        mine = {i for i in ids if i in self.live and self.live[i].framework_id == fw}
+        cmds = self.run(self.core.accept(fw, ids, [launch(*tasks)], None, self.now))
+        rej = rejected(cmds)
+        if not expired:
+            assert rej.reason == expected, (flaw, rej)
+        used = {r.offer_id for r in recoveries(cmds)
+                if r.reason == RC.RECOVER_REASON_LAUNCH_REJECTED}
+        assert used == (set() if expired else mine) or expired
+        assert all(r.refuse_seconds == 0 for r in recoveries(cmds))
+
+    @rule(data=st.data(), fw=st.sampled_from(FRAMEWORKS),
+          cpus=st.lists(st.integers(0, 9), max_size=3), names=st.lists(
+              st.sampled_from(["t", "u"]), max_size=3))
+    def accept_any(self, data: st.DataObject, fw: str, cpus: list[int],
+                   names: list[str]) -> None:
+        ids = data.draw(st.lists(st.sampled_from(sorted(self.live) or ["bogus"])
+                                 | st.sampled_from(sorted(self.seen | {"e0-o1", "bogus"})),
+                                 max_size=3))
+        if ids and ids[0] in self.live and data.draw(st.booleans()):
+            fw = self.live[ids[0]].framework_id  # the owner: fails later checks, if any
+        tasks = [task(n, cpus=c, mem=64) for n, c in zip(names, cpus, strict=False)]
+        ops = [launch(*tasks)] if tasks else []
+        before = dict(self.live)
+        cmds = self.run(self.core.accept(fw, ids, ops, None, self.now))
+        reqs, rejs = only(cmds, LaunchRequest), only(cmds, AcceptRejected)
+        assert len(reqs) + len(rejs) <= 1
+        if reqs or (not rejs and ids):
+            assert all(before[i].framework_id == fw for i in ids)
+        for rec in recoveries(cmds):  # never uses up another framework's offer
+            if rec.offer_id in before and rec.reason != RC.RECOVER_REASON_EXPIRED:
+                assert before[rec.offer_id].framework_id == fw
+
+    @rule(data=st.data(), fw=st.sampled_from(FRAMEWORKS),
+          refuse=st.sampled_from([None, 0.0, 5.0, 30.0, -1.0]))
+    def decline(self, data: st.DataObject, fw: str, refuse: float | None) -> None:
+        mine = sorted(i for i, o in self.live.items() if o.framework_id == fw)
+        ids = data.draw(st.lists(st.sampled_from(sorted(self.seen | {"bogus"})), max_size=2)
+                        | st.lists(st.sampled_from(mine or ["bogus"]), max_size=3))
+        cmds = self.run(self.core.decline(fw, ids, filters(refuse), self.now))
+        for r in recoveries(cmds):
+            if r.reason == RC.RECOVER_REASON_DECLINED:
+                assert r.framework_id == fw and r.refuse_seconds == refuse_seconds(
+                    filters(refuse))
+
+    @rule(dt=st.sampled_from([0.0, 0.5, 3.0, 9.999, 10.0, 15.0]))
+    def advance(self, dt: float) -> None:
+        self.now += dt
+        self.run(self.core.tick(self.now))
+        assert all(o.expires_at > self.now for o in self.live.values())
+
+    @precondition(lambda self: self.pending)
+    @rule(data=st.data(), accepted=st.booleans())
+    def master_answers(self, data: st.DataObject, accepted: bool) -> None:
+        rid = data.draw(st.sampled_from(sorted(self.pending)))
+        _, _, res = self.pending.pop(rid)
+        cmds = self.run(self.core.launch_result(
+            rid, accepted, RJ.REJECT_REASON_AGENT_UNAVAILABLE, "gone"))
+        assert ledger(res) == sum((ledger(r.resources) for r in recoveries(cmds)), Counter())
+        assert len(only(cmds, AcceptRejected)) == (0 if accepted else 1)
+
+    @rule(agent=st.sampled_from(AGENTS))
+    def agent_removed(self, agent: str) -> None:
+        self.agents.discard(agent)
+        self.run(self.core.agent_removed(agent, self.now))
+        assert all(o.agent_id != agent for o in self.live.values())
+
+    @rule(agent=st.sampled_from(AGENTS))
+    def agent_back(self, agent: str) -> None:
+        self.agents.add(agent)
+        self.run(self.core.agent_updated(agent, f"host-{agent}", TOTAL, self.now))
+
+    @rule(fw=st.sampled_from(FRAMEWORKS))
+    def framework_removed(self, fw: str) -> None:
+        self.run(self.core.framework_removed(fw, self.now))
+        assert all(o.framework_id != fw for o in self.live.values())
+
+    @rule()
+    def rescind_all(self) -> None:
+        self.run(self.core.rescind_all())
+        for _, _, res in self.pending.values():
+            self.forgotten += ledger(res)
+        self.pending.clear()
+        assert not self.live
+
+    # -- invariants --------------------------------------------------------------------
+    @invariant()
+    def every_resource_is_in_exactly_one_place(self) -> None:
+        held: Counter[Any] = Counter()
+        for o in self.live.values():
+            held += ledger(o.resources)
+        for _, _, res in self.pending.values():
+            held += ledger(res)
+        assert self.allocated == held + self.returned + self.forgotten
+
+    @invariant()
+    def model_matches_core(self) -> None:
+        assert set(self.live) == {o.offer_id for o in self.core.outstanding_offers()}
+        assert set(self.pending) == set(self.core.pending_launches)
+
+    @invariant()
+    def no_agent_offered_beyond_its_total(self) -> None:
+        for agent in self.agents:
+            held = ledger(Resources())
+            for o in self.live.values():
+                if o.agent_id == agent:
+                    held += ledger(o.resources)
+            for _, a, res in self.pending.values():
+                if a == agent:
+                    held += ledger(res)
+            assert all(v <= 1 for k, v in held.items() if isinstance(k, tuple)), held
+            assert held["cpus"] <= 8000 and held["mem"] <= 4096000
+
+
+BrokerMachine.TestCase.settings = settings(
+    max_examples=100, stateful_step_count=40, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow])
+TestBrokerMachine = BrokerMachine.TestCase
