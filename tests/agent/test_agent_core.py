@@ -1,0 +1,207 @@
+"""The agent's pure core: registration, launching each task once, executors subscribing,
+the status update path (checkpoint before ack, forward, end), kills, executor deaths,
+reconciliation, and recovery from its own checkpoint after a restart."""
+
+from __future__ import annotations
+
+import uuid
+
+from schemas import agent_pb2, bus_pb2, common_pb2, executor_pb2
+from services.agent import status_updates as su
+from services.agent.core import (
+    AgentCore,
+    Command,
+    LaunchExecutor,
+    Registration,
+    SaveAgentId,
+    SaveState,
+    ToExecutor,
+    ToMaster,
+)
+from services.resources import Resources
+
+S = common_pb2.TaskState
+FW = "F1"
+
+
+def info() -> common_pb2.AgentInfo:
+    i = common_pb2.AgentInfo(hostname="vm-1")
+    i.resources.extend(Resources.parse("cpus:2;mem:1024").to_proto())
+    return i
+
+
+def durable(core: AgentCore, cmds: list[Command], now: float) -> list[Command]:
+    """Play the shell's disk: make every Checkpoint durable, return the other commands."""
+    out: list[Command] = []
+    queue = list(cmds)
+    while queue:
+        cmd = queue.pop(0)
+        if isinstance(cmd, su.Checkpoint):
+            queue += core.checkpointed(cmd.record, now)
+        else:
+            out.append(cmd)
+    core.validate()
+    return out
+
+
+def registered(core: AgentCore, now: float = 0.0) -> list[Command]:
+    cmds = core.master_detected(now)
+    assert isinstance(cmds[0], ToMaster) and cmds[0].call.WhichOneof("call") in (
+        "register", "reregister")
+    ev = agent_pb2.AgentEvent()
+    ev.registered.agent_id = core.agent_id or "S1"
+    ev.registered.master_epoch = 7
+    return durable(core, core.master_event(ev, now), now)
+
+
+def run_task(core: AgentCore, task_id: str, now: float = 0.0) -> list[Command]:
+    ev = agent_pb2.AgentEvent()
+    launch = ev.run_tasks.launches.add(framework_id=FW)
+    launch.task.task_id = task_id
+    launch.task.resources.extend(Resources.of(cpus=0.1, mem=32).to_proto())
+    ev.run_tasks.frameworks.add(framework_id=FW, name="web")
+    return durable(core, core.master_event(ev, now), now)
+
+
+def subscribe(core: AgentCore, executor_id: str, peer: bytes = b"e1",
+              **kwargs: object) -> list[Command]:
+    call = executor_pb2.ExecutorCall(executor_id=executor_id, framework_id=FW)
+    call.subscribe.SetInParent()
+    for k, v in kwargs.items():
+        getattr(call.subscribe, k).extend(v)  # type: ignore[arg-type]
+    return durable(core, core.executor_call(peer, call, 1.0), 1.0)
+
+
+def update(core: AgentCore, executor_id: str, task_id: str, state: int,
+           now: float = 1.0) -> tuple[bytes, list[Command]]:
+    call = executor_pb2.ExecutorCall(executor_id=executor_id, framework_id=FW)
+    u = uuid.uuid4().bytes
+    call.update.status.CopyFrom(common_pb2.TaskStatus(task_id=task_id, state=state, uuid=u,  # type: ignore[arg-type]
+                                                      source=common_pb2.TaskStatus.SOURCE_EXECUTOR))
+    return u, durable(core, core.executor_call(b"e1", call, now), now)
+
+
+def test_first_registration_saves_the_assigned_id() -> None:
+    core = AgentCore(info(), now=0.0)
+    cmds = registered(core)
+    assert SaveAgentId("S1") in cmds and core.registration is Registration.REGISTERED
+    # A later connection to a new master re-registers under the same id, with its tasks.
+    assert core.master_detected(5.0)[0].call.WhichOneof("call") == "reregister"  # type: ignore[union-attr]
+
+
+def test_a_task_is_launched_once_even_if_run_twice() -> None:
+    core = AgentCore(info(), now=0.0)
+    registered(core)
+    first = run_task(core, "t1")
+    launches = [c for c in first if isinstance(c, LaunchExecutor)]
+    assert len(launches) == 1 and any(isinstance(c, SaveState) for c in first)
+    assert not [c for c in run_task(core, "t1") if isinstance(c, LaunchExecutor)]
+    assert core.duplicate_launches == 1
+
+
+def test_executor_path_from_launch_to_finished() -> None:
+    core = AgentCore(info(), now=0.0)
+    registered(core)
+    ex_id = next(c for c in run_task(core, "t1") if isinstance(c, LaunchExecutor)).executor_id
+    events = [c.event.WhichOneof("event") for c in subscribe(core, ex_id)
+              if isinstance(c, ToExecutor)]
+    assert events == ["subscribed", "launch"]
+    u1, cmds = update(core, ex_id, "t1", S.TASK_RUNNING)
+    acks = [c for c in cmds if isinstance(c, ToExecutor)]
+    assert acks and acks[0].event.acknowledged.uuid == u1  # only after the checkpoint
+    fwd = [c for c in durable(core, core.tick(1.0), 1.0) if isinstance(c, ToMaster)]
+    assert [u.status.state for u in fwd[0].call.status_updates.updates] == [S.TASK_RUNNING]
+    u2, _ = update(core, ex_id, "t1", S.TASK_FINISHED)
+    # FINISHED waits until RUNNING is acknowledged by the framework (in order, one in flight).
+    assert not [c for c in durable(core, core.tick(1.2), 1.2) if isinstance(c, ToMaster)]
+    ack = agent_pb2.AgentEvent()
+    ack.acknowledgements.acks.add(framework_id=FW, task_id="t1", uuid=u1)
+    durable(core, core.master_event(ack, 1.3), 1.3)
+    fwd = [c for c in durable(core, core.tick(1.3), 1.3) if isinstance(c, ToMaster)]
+    assert [u.status.state for u in fwd[0].call.status_updates.updates] == [S.TASK_FINISHED]
+    ack = agent_pb2.AgentEvent()
+    ack.acknowledgements.acks.add(framework_id=FW, task_id="t1", uuid=u2)
+    cmds = durable(core, core.master_event(ack, 1.4), 1.4)
+    assert not core.executors and any(isinstance(c, SaveState) for c in cmds)
+
+
+def test_kill_before_the_executor_subscribes_is_delivered_on_subscribe() -> None:
+    core = AgentCore(info(), now=0.0)
+    registered(core)
+    ex_id = next(c for c in run_task(core, "t1") if isinstance(c, LaunchExecutor)).executor_id
+    assert core.kill(FW, "t1", 0.5, 0.5) == []
+    events = [c.event for c in subscribe(core, ex_id) if isinstance(c, ToExecutor)]
+    assert events[-1].WhichOneof("event") == "kill"
+    assert events[-1].kill.kill_grace_period_s == 0.5
+
+
+def test_an_executor_that_dies_fails_its_task() -> None:
+    core = AgentCore(info(), now=0.0)
+    registered(core)
+    ex_id = next(c for c in run_task(core, "t1") if isinstance(c, LaunchExecutor)).executor_id
+    subscribe(core, ex_id)
+    update(core, ex_id, "t1", S.TASK_RUNNING)
+    cmds = durable(core, core.executor_exited(ex_id, 2.0), 2.0)
+    assert any(isinstance(c, ToMaster) and c.call.WhichOneof("call") == "executor_exited"
+               for c in cmds)
+    assert core.executors[ex_id].state == S.TASK_FAILED
+
+
+def test_unknown_executor_is_told_to_shut_down() -> None:
+    core = AgentCore(info(), now=0.0)
+    registered(core)
+    cmds = subscribe(core, "nobody")
+    assert [c.event.WhichOneof("event") for c in cmds if isinstance(c, ToExecutor)] == [
+        "shutdown"]
+
+
+def test_reconcile_reports_unknown_tasks_dropped() -> None:
+    core = AgentCore(info(), now=0.0)
+    registered(core)
+    ev = agent_pb2.AgentEvent()
+    ev.reconcile.tasks.add(framework_id=FW, task_id="ghost", state=S.TASK_RUNNING)
+    durable(core, core.master_event(ev, 1.0), 1.0)
+    fwd = [c for c in durable(core, core.tick(1.0), 1.0) if isinstance(c, ToMaster)]
+    assert fwd[0].call.status_updates.updates[0].status.state == S.TASK_DROPPED
+
+
+def test_master_refusal_triggers_re_registration() -> None:
+    core = AgentCore(info(), now=0.0)
+    registered(core)
+    cmds = core.master_error(bus_pb2.NOT_FOUND, 3.0)
+    assert core.registration is Registration.REGISTERING
+    assert cmds and isinstance(cmds[0], ToMaster)
+
+
+def test_restart_recovers_executors_without_relaunching() -> None:
+    core = AgentCore(info(), now=0.0)
+    registered(core)
+    ex_id = next(c for c in run_task(core, "t1") if isinstance(c, LaunchExecutor)).executor_id
+    core.executor_launched(ex_id, pid=4242)
+    subscribe(core, ex_id)
+    update(core, ex_id, "t1", S.TASK_RUNNING)
+    state, records = core.state(), core.updates.records()
+
+    again = AgentCore(state.agent_info, now=10.0, recovered=state, records=records)
+    assert again.executors[ex_id].pid == 4242 and again.executors[ex_id].state == S.TASK_RUNNING
+    rereg = again.master_detected(10.0)[0]
+    assert isinstance(rereg, ToMaster)
+    assert [t.task_info.task_id for t in rereg.call.reregister.tasks] == ["t1"]
+    task = common_pb2.TaskInfo(task_id="t1")
+    events = [c.event.WhichOneof("event")
+              for c in subscribe(again, ex_id, unacknowledged_tasks=[task])
+              if isinstance(c, ToExecutor)]
+    assert events == ["subscribed"]  # not launched again
+
+
+def test_executor_that_never_comes_back_after_restart_fails_its_task() -> None:
+    core = AgentCore(info(), now=0.0)
+    registered(core)
+    ex_id = next(c for c in run_task(core, "t1") if isinstance(c, LaunchExecutor)).executor_id
+    core.executor_launched(ex_id, pid=4242)
+    again = AgentCore(core.state().agent_info, now=10.0, recovered=core.state())
+    registered(again, 10.0)
+    durable(again, again.tick(15.0), 15.0)
+    assert again.executors[ex_id].state == S.TASK_STAGING
+    durable(again, again.tick(21.0), 21.0)
+    assert again.executors[ex_id].state == S.TASK_FAILED
