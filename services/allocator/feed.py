@@ -1,0 +1,269 @@
+"""Turns the master's state stream (agents, frameworks, tasks, roles) into AllocatorCore
+events, by diffing what the stream says against what the core was told. No sockets.
+
+A delta and a snapshot reset are handled alike: the feed keeps the stream's desired view and
+what it applied to the core, and reconciles the keys that changed. So a reset (new master,
+resync) never rebuilds the core: offers outstanding at the broker stay counted.
+
+- agents: REGISTERED ones are in the core; UNREACHABLE, GONE, DRAINING and deleted ones are
+  removed (their offers and tasks' usage vanish; tasks are replayed if the agent returns).
+- frameworks: present ones are in the core, active while `connected`; `suppressed_roles`
+  follows the record (a revive seen here does not clear filters: the broker's relayed
+  ReviveOffers does that, once).
+- tasks: a task in a non-terminal state holds its resources on its agent; a task whose
+  agent or framework the core does not know (yet), or that does not fit (e.g. found after
+  a failover while its resources were re-offered), waits and is retried on every change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from schemas import bus_pb2, common_pb2, state_pb2
+from services import tasks as task_states
+from services.allocator.core import AllocatorCore, AllocatorError, Attributes
+from services.resources import Resources
+
+REGISTERED = state_pb2.AgentRecord.Status.AGENT_STATUS_REGISTERED
+
+
+def norm(resources: Iterable[common_pb2.Resource]) -> Resources:
+    """Resources from protos, without the zero scalars `from_proto` keeps."""
+    return Resources.from_proto(resources) - Resources()
+
+
+def attributes(attrs: Iterable[common_pb2.Attribute]) -> dict[str, str | float]:
+    out: dict[str, str | float] = {}
+    for a in attrs:
+        out[a.name] = a.scalar if a.WhichOneof("value") == "scalar" else a.text
+    return out
+
+
+@dataclass(frozen=True)
+class AgentView:
+    hostname: str
+    total: Resources
+    attributes: Attributes
+
+
+@dataclass(frozen=True)
+class FrameworkView:
+    role: str
+    connected: bool
+    suppressed_roles: frozenset[str]
+
+
+@dataclass(frozen=True)
+class TaskUse:
+    framework_id: str
+    agent_id: str
+    resources: Resources
+
+
+class StreamFeed:
+    def __init__(self, core: AllocatorCore) -> None:
+        self.core = core
+        self.agents: dict[str, AgentView] = {}  # offerable agents, as the stream says
+        self.frameworks: dict[str, FrameworkView] = {}
+        self.weights: dict[str, float] = {}
+        self.tasks: dict[str, TaskUse] = {}  # key -> usage of non-terminal tasks
+        self.applied: dict[str, TaskUse] = {}  # what the core holds as used
+        self.waiting: set[str] = set()  # task keys not (yet) applied
+        self._reported: set[str] = set()  # waiting keys whose failure was reported
+        self.anomalies: list[str] = []  # for the shell to log and count; it clears them
+
+    # -- input -----------------------------------------------------------------------------
+    def reset(self, store: Mapping[str, bus_pb2.StateEntry]) -> None:
+        """A whole new copy of the stream: everything we know and it lacks is deleted."""
+        known = {*(f"agents/{a}" for a in self.agents),
+                 *(f"frameworks/{f}" for f in self.frameworks),
+                 *(f"roles/{r}" for r in self.weights), *self.tasks}
+        gone = [bus_pb2.StateEntry(key=k, deleted=True) for k in known - store.keys()]
+        self.apply([*store.values(), *gone])
+
+    def apply(self, entries: Iterable[bus_pb2.StateEntry]) -> bool:
+        """A delta. Returns whether the allocator's inputs changed (worth an allocation)."""
+        agents: dict[str, AgentView | None] = {}
+        frameworks: dict[str, FrameworkView | None] = {}
+        touched_tasks: set[str] = set()
+        changed = False
+        for e in entries:
+            kind, _, name = e.key.partition("/")
+            value = None if e.deleted else e.value
+            if kind == "agents":
+                agents[name] = _agent(value)
+            elif kind == "frameworks":
+                frameworks[name] = _framework(value)
+            elif kind == "tasks":
+                use = _task(value)
+                if use is None:
+                    self.tasks.pop(e.key, None)
+                else:
+                    self.tasks[e.key] = use
+                touched_tasks.add(e.key)
+            elif kind == "roles":
+                changed |= self._role(name, value)
+        # Removals first (they free resources), then additions, then tasks: releases
+        # before uses, so a task ending and one starting on a full agent both fit.
+        for agent_id, view in agents.items():
+            if view is None and agent_id in self.agents:
+                changed = True
+                del self.agents[agent_id]
+                self._forget_tasks(agent_id=agent_id)
+                self.core.agent_removed(agent_id)
+        for fid, fview in frameworks.items():
+            if fview is None and fid in self.frameworks:
+                changed = True
+                del self.frameworks[fid]
+                self._forget_tasks(framework_id=fid)
+                self.core.framework_removed(fid)
+        for agent_id, view in agents.items():
+            if view is not None:
+                changed |= self._agent_changed(agent_id, view)
+        for fid, fview in frameworks.items():
+            if fview is not None:
+                changed |= self._framework_changed(fid, fview)
+        changed |= self._reconcile_tasks(touched_tasks | self.waiting)
+        return changed
+
+    def retry(self) -> bool:
+        """Retry waiting tasks (after resources came back)."""
+        return self._reconcile_tasks(set(self.waiting)) if self.waiting else False
+
+    # -- agents, frameworks, roles -------------------------------------------------------
+    def _agent_changed(self, agent_id: str, view: AgentView) -> bool:
+        old = self.agents.get(agent_id)
+        if old == view:
+            return False
+        if old is None:
+            self.core.agent_added(agent_id, view.hostname, view.total, view.attributes)
+        elif old.total != view.total:
+            try:
+                self.core.agent_updated(agent_id, view.total)
+            except AllocatorError as exc:  # it shrank under what is allocated: keep the old
+                self.anomalies.append(f"agent_update_refused: {exc}")
+                view = AgentView(view.hostname, old.total, view.attributes)
+        # (hostname and attributes are read by the broker, not the allocation policy)
+        self.agents[agent_id] = view
+        return True
+
+    def _framework_changed(self, fid: str, view: FrameworkView) -> bool:
+        old = self.frameworks.get(fid)
+        if old == view:
+            return False
+        if old is not None and old.role != view.role:  # a new role: start it afresh
+            self._forget_tasks(framework_id=fid)
+            self.core.framework_removed(fid)
+            old = None
+        if old is None:
+            if not view.role:
+                self.anomalies.append(f"framework_ignored: {fid} has no role")
+                return False
+            self.core.framework_added(fid, view.role, view.connected, view.suppressed_roles)
+        else:
+            if view.connected != old.connected:
+                (self.core.framework_activated if view.connected
+                 else self.core.framework_deactivated)(fid)
+            fw = self.core.frameworks[fid]
+            if view.suppressed_roles - old.suppressed_roles:
+                self.core.suppress(fid, view.suppressed_roles - old.suppressed_roles)
+            fw.suppressed_roles -= old.suppressed_roles - view.suppressed_roles
+        self.frameworks[fid] = view
+        return True
+
+    def _role(self, role: str, value: state_pb2.StateValue | None) -> bool:
+        weight = 1.0
+        if value is not None and value.WhichOneof("kind") == "role" and value.role.weight > 0:
+            weight = value.role.weight
+        if self.weights.get(role, 1.0) == weight:
+            if value is None:
+                self.weights.pop(role, None)
+            return False
+        try:
+            self.core.set_weight(role, weight)
+        except AllocatorError as exc:
+            self.anomalies.append(f"weight_refused: {exc}")
+            return False
+        self.weights[role] = weight
+        return True
+
+    # -- tasks ---------------------------------------------------------------------------
+    def _forget_tasks(self, agent_id: str = "", framework_id: str = "") -> None:
+        """The core dropped these tasks' usage with their agent or framework."""
+        for key, use in list(self.applied.items()):
+            if use.agent_id == agent_id or use.framework_id == framework_id:
+                del self.applied[key]
+                if key in self.tasks:
+                    self.waiting.add(key)
+
+    def _reconcile_tasks(self, keys: set[str]) -> bool:
+        changed = False
+        for key in sorted(keys):  # releases first
+            have, want = self.applied.get(key), self.tasks.get(key)
+            if have is not None and have != want:
+                changed = True
+                del self.applied[key]
+                try:
+                    self.core.resources_released(have.agent_id, have.framework_id,
+                                                 have.resources)
+                except AllocatorError as exc:
+                    self.anomalies.append(f"release_refused: {key}: {exc}")
+        for key in sorted(keys):
+            want = self.tasks.get(key)
+            if want is None:
+                self.waiting.discard(key)
+                self._reported.discard(key)
+                continue
+            if self.applied.get(key) == want:
+                continue
+            if want.agent_id not in self.agents or want.framework_id not in self.frameworks:
+                self.waiting.add(key)  # its agent is away, or not known yet
+                continue
+            try:
+                self.core.resources_used(want.agent_id, want.framework_id, want.resources)
+            except AllocatorError as exc:
+                self.waiting.add(key)
+                if key not in self._reported:
+                    self._reported.add(key)
+                    self.anomalies.append(f"usage_waiting: {key}: {exc}")
+                continue
+            changed = True
+            self.applied[key] = want
+            self.waiting.discard(key)
+            self._reported.discard(key)
+        return changed
+
+
+def _agent(value: state_pb2.StateValue | None) -> AgentView | None:
+    if value is None or value.WhichOneof("kind") != "agent":
+        return None
+    rec = value.agent
+    if rec.status != REGISTERED:
+        return None
+    try:
+        total = norm(rec.agent_info.resources)
+    except ValueError:
+        return None
+    return AgentView(rec.agent_info.hostname, total, attributes(rec.agent_info.attributes))
+
+
+def _framework(value: state_pb2.StateValue | None) -> FrameworkView | None:
+    if value is None or value.WhichOneof("kind") != "framework":
+        return None
+    rec = value.framework
+    return FrameworkView(rec.framework_info.role, rec.connected,
+                         frozenset(rec.suppressed_roles))
+
+
+def _task(value: state_pb2.StateValue | None) -> TaskUse | None:
+    if value is None or value.WhichOneof("kind") != "task":
+        return None
+    rec = value.task
+    if rec.status.state not in task_states.ACTIVE or not rec.agent_id:
+        return None
+    try:
+        res = norm(rec.task_info.resources)
+    except ValueError:
+        return None
+    return TaskUse(rec.framework_id, rec.agent_id, res) if res else None

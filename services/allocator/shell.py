@@ -1,0 +1,378 @@
+"""The allocator's shell: leader election, the master's state stream (through StreamFeed), a
+DEALER to the leading offer-broker, batched allocation cycles, and /health /metrics
+/decisions. It decodes, calls the pure AllocatorCore, and sends its allocations (and its
+changed decisions, which the broker relays to the master's state stream)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+import zmq
+from google.protobuf.json_format import MessageToDict
+
+from schemas import internal_pb2
+from services.allocator.core import AllocatorCore, AllocatorError, Cycle, Decision
+from services.allocator.feed import StreamFeed, norm
+from services.bus import codec
+from services.bus.election import LeaderChanged, LeaderInfo, detector_from_url
+from services.bus.epoch import EpochFence
+from services.bus.log import get_logger
+from services.bus.peer import DealerClient, HeartbeatConfig, Sender
+from services.bus.reactor import Reactor, Timer
+from services.bus.statestream import StateSubscriber
+from services.bus.stats import Stats
+from services.bus.stream_core import Changed
+from services.shell.http import Response, StatusServer, json_response, text_response
+from services.shell.leader import LeaderLifecycle
+
+log = get_logger("allocator")
+
+Role = codec.Role
+Recover = internal_pb2.InternalMessage.RecoverResources
+LAUNCHED = Recover.Reason.RECOVER_REASON_LAUNCHED
+
+
+@dataclass
+class AllocatorConfig:
+    allocator_id: str
+    election_url: str  # zk://hosts/chroot or file:///run_dir
+    host: str = "127.0.0.1"
+    http_port: int = 0
+    interval: float = 1.0  # periodic sweep (filters expire, anything missed)
+    batch: float = 0.05  # events within this window share one allocation cycle
+    heartbeat_interval: float = 1.0
+    max_missed: int = 5
+
+
+class AllocatorShell:
+    def __init__(self, config: AllocatorConfig, reactor: Reactor | None = None) -> None:
+        self.config = config
+        self.reactor = reactor or Reactor()
+        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        self.stats = Stats()
+        self.sender = Sender(config.allocator_id, Role.Value("ROLE_ALLOCATOR"))
+        self.beat = HeartbeatConfig(config.heartbeat_interval, config.max_missed)
+        self.http = StatusServer(self.reactor, config.host, config.http_port, {
+            "/health": self._http_health, "/metrics": self._http_metrics,
+            "/decisions": self._http_decisions})
+        self.endpoints = {"http": self.http.url}
+        # Leaders of the roles we talk to, known whether or not we lead.
+        self.master: LeaderInfo | None = None
+        self.broker: LeaderInfo | None = None
+        self.masters = detector_from_url(config.election_url, "master")
+        self.brokers = detector_from_url(config.election_url, "broker")
+        # While leading:
+        self.core: AllocatorCore | None = None
+        self.feed: StreamFeed | None = None
+        self.subscriber: StateSubscriber | None = None
+        self.dealer: DealerClient | None = None
+        self.fence = EpochFence(frozenset({Role.Value("ROLE_BROKER")}))
+        self.broker_epoch = 0  # the broker epoch our core's offers belong to
+        self._batch: Timer | None = None
+        self._sweep: Timer | None = None
+        self._refilter: Timer | None = None  # a cycle when the next decline filter ends
+        self.decisions: dict[str, Decision] = {}  # latest per framework
+        self._told: dict[str, tuple[str, str]] = {}  # (outcome, reason) the master last got
+        self.last_cycle: tuple[int, float] = (0, 0.0)  # (cycle, wall time)
+        self.cycle_seconds = 0.0  # summed, with stats "allocation_cycles" for the mean
+        self.leaderships = 0
+        for detector, handler in ((self.masters, self._on_master),
+                                  (self.brokers, self._on_broker)):
+            self.reactor.add_reader(detector, handler)
+            detector.start()
+        self.leader = LeaderLifecycle(self.reactor, config.election_url, "allocator",
+                                      config.allocator_id, self.endpoints,
+                                      lead=self._lead, step_down=self._step_down)
+        log.info("allocator started", id=config.allocator_id, **self.endpoints)
+
+    # -- leadership ----------------------------------------------------------------------
+    def _lead(self, epoch: int) -> None:
+        """Start afresh: an empty core, rebuilt from the state stream (DESIGN §4)."""
+        self.sender.epoch = epoch
+        self.leaderships += 1
+        self.core = AllocatorCore(id_prefix=f"a{epoch}-")
+        self.feed = StreamFeed(self.core)
+        self.decisions.clear()
+        self.subscriber = StateSubscriber(
+            self.reactor, self.ctx, self.sender, self._on_state,
+            heartbeat_interval=self.config.heartbeat_interval, max_missed=self.config.max_missed,
+            stats=self.stats)
+        self.dealer = DealerClient(
+            self.reactor, self.ctx, self.sender, self._on_broker_message,
+            on_connected=self._on_broker_connected, heartbeat=self.beat, stats=self.stats,
+            fence=self.fence, name="broker")
+        self._sweep = self.reactor.every(self.config.interval, self._allocate)
+        self._point_at_master()
+        self._point_at_broker()
+        log.info("leading", epoch=epoch)
+
+    def _step_down(self, reason: str) -> None:
+        """Stop acting at once: drop the core (the next leader rebuilds its own)."""
+        for timer in (self._batch, self._sweep, self._refilter):
+            if timer is not None:
+                timer.cancel()
+        self._batch = self._sweep = self._refilter = None
+        if self.subscriber is not None:
+            self.subscriber.close()
+        if self.dealer is not None:
+            self.dealer.close()
+        self.subscriber = self.dealer = None
+        self.core = self.feed = None
+        log.info("stepped down", reason=reason)
+
+    # -- leaders of other roles ----------------------------------------------------------
+    def _on_master(self) -> None:
+        for event in self.masters.events():
+            if isinstance(event, LeaderChanged):
+                self.master = event.leader
+                self._told.clear()  # a new master knows no decisions yet
+                log.info("master leader", leader=_who(event.leader))
+                self._point_at_master()
+
+    def _on_broker(self) -> None:
+        for event in self.brokers.events():
+            if isinstance(event, LeaderChanged):
+                self.broker = event.leader
+                log.info("broker leader", leader=_who(event.leader))
+                self._point_at_broker()
+
+    def _point_at_master(self) -> None:
+        m = self.master
+        if self.subscriber is None or m is None:
+            return
+        if "pub" not in m.endpoints or "snapshot" not in m.endpoints:
+            log.warning("master advertises no state stream", endpoints=m.endpoints)
+            return
+        self.subscriber.connect(m.endpoints["pub"], m.endpoints["snapshot"])
+
+    def _point_at_broker(self) -> None:
+        b = self.broker
+        if self.dealer is None or self.core is None:
+            return
+        if b is None or "router" not in b.endpoints:
+            self.dealer.disconnect()
+            return
+        self.fence.observe(Role.Value("ROLE_BROKER"), b.epoch)
+        if b.epoch != self.broker_epoch:
+            # A new broker has an empty offer table: every offer we counted is gone (the
+            # master rescinds the old broker's offers by their id prefix).
+            if self.broker_epoch:
+                self.stats.inc("broker_failovers")
+                log.info("new broker epoch: recovering all offers", old=self.broker_epoch,
+                         new=b.epoch)
+            self.core.recover_all_offers()
+            self.broker_epoch = b.epoch
+        self.dealer.connect(b.endpoints["router"])
+
+    # -- inbound -------------------------------------------------------------------------
+    def _on_state(self, change: Changed) -> None:
+        if self.feed is None:
+            return
+        if change.reset:
+            assert self.subscriber is not None
+            self.feed.reset(self.subscriber.store)
+            self.stats.inc("state_resets")
+            relevant = True
+        else:
+            relevant = self.feed.apply(change.entries)
+        self._log_anomalies()
+        if relevant:
+            self._schedule()
+
+    def _on_broker_connected(self) -> None:
+        # A hello (empty Allocations): lets the broker learn our peer and epoch before we
+        # have anything to allocate; then a cycle, as the broker may have missed some.
+        self._send(internal_pb2.InternalMessage(allocations=internal_pb2.InternalMessage
+                                                .Allocations()))
+        self._told.clear()
+        self._schedule()
+
+    def _on_broker_message(self, env: codec.Envelope) -> None:
+        core = self.core
+        kind = codec.payload_kind(env)
+        if kind == "error":
+            self.stats.inc("broker_errors")
+            log.warning("broker error", code=env.error.code, message=env.error.message)
+            return
+        if core is None or kind != "internal" or env.sender_role != Role.Value("ROLE_BROKER"):
+            self.stats.inc("frames_dropped{reason=unexpected}")
+            return
+        msg = env.internal
+        which = msg.WhichOneof("kind")
+        now = time.time()
+        try:
+            if which == "recover_resources":
+                self._recover(core, msg.recover_resources, now)
+            elif which == "revive_offers":
+                core.revive(msg.revive_offers.framework_id, msg.revive_offers.roles)
+                self.stats.inc("revives")
+            elif which == "suppress_offers":
+                core.suppress(msg.suppress_offers.framework_id, msg.suppress_offers.roles)
+                self.stats.inc("suppresses")
+            else:
+                self.stats.inc("frames_dropped{reason=unexpected}")
+                return
+        except AllocatorError as exc:
+            self.stats.inc(f"refused{{kind={which}}}")
+            log.warning("broker message refused", kind=which, error=str(exc))
+        self._schedule()
+
+    def _recover(self, core: AllocatorCore, msg: Recover, now: float) -> None:
+        for r in msg.recoveries:
+            reason = Recover.Reason.Name(r.reason).removeprefix("RECOVER_REASON_").lower()
+            self.stats.inc(f"recoveries{{reason={reason}}}")
+            if r.reason == LAUNCHED:
+                # Still held: the state stream's task records turn these offered resources
+                # into used ones (resources_used converts what was offered).
+                continue
+            try:
+                res = norm(r.resources)
+                if not core.recover(r.agent_id, r.framework_id, res,
+                                    r.filters.refuse_seconds, now):
+                    self.stats.inc("recoveries_stale")  # agent or framework gone already
+            except (AllocatorError, ValueError) as exc:
+                # e.g. an offer made for a previous allocator leader: we never counted it.
+                self.stats.inc("recoveries_refused")
+                log.warning("recovery refused", offer=r.offer_id, error=str(exc))
+        if self.feed is not None and self.feed.retry():
+            self._log_anomalies()
+
+    # -- allocation ----------------------------------------------------------------------
+    def _schedule(self) -> None:
+        """One allocation within `batch` seconds, however many events come meanwhile."""
+        if self._batch is None and self.core is not None:
+            self._batch = self.reactor.call_later(self.config.batch, self._allocate)
+
+    def _allocate(self) -> None:
+        if self._batch is not None:
+            self._batch.cancel()
+            self._batch = None
+        core, dealer = self.core, self.dealer
+        if core is None or dealer is None or self.subscriber is None:
+            return
+        if not (dealer.connected and self.subscriber.synced):
+            return  # allocations nobody would receive would only be lost
+        started = time.perf_counter()
+        now = time.time()
+        cycle = core.allocate(now)
+        took = time.perf_counter() - started
+        self._account(cycle, now, took)
+        if cycle.allocations:
+            self._send(cycle.allocations_message())
+        self._tell_decisions(cycle)
+        self._wake_for_filters(core, now)
+
+    def _tell_decisions(self, cycle: Cycle) -> None:
+        """Decisions that changed go to the master (through the broker), which publishes
+        them on the state stream for `offerbus why`; /decisions serves all of them."""
+        changed = [d for d in cycle.decisions
+                   if self._told.get(d.framework_id) != (d.outcome.value, d.reason)]
+        if not changed:
+            return
+        msg = internal_pb2.InternalMessage()
+        msg.allocator_decisions.decisions.extend(d.to_proto() for d in changed)
+        self._send(msg)
+        self._told.update((d.framework_id, (d.outcome.value, d.reason)) for d in changed)
+        for gone in self._told.keys() - self.decisions.keys():
+            del self._told[gone]
+
+    def _wake_for_filters(self, core: AllocatorCore, now: float) -> None:
+        """Filtered resources are offered again as their filter ends, not a sweep later."""
+        ends = min((f.expires_at for by_agent in core.filters.values()
+                    for flts in by_agent.values() for f in flts if f.expires_at > now),
+                   default=None)
+        if self._refilter is not None:
+            self._refilter.cancel()
+            self._refilter = None
+        if ends is not None and ends - now < self.config.interval:
+            self._refilter = self.reactor.call_later(ends - now + 0.001, self._allocate)
+
+    def _account(self, cycle: Cycle, now: float, took: float) -> None:
+        self.stats.inc("allocation_cycles")
+        self.stats.inc("allocations", len(cycle.allocations))
+        self.cycle_seconds += took
+        self.last_cycle = (cycle.cycle, now)
+        for d in cycle.decisions:
+            self.stats.inc(f"decisions{{outcome={d.outcome.name.lower()}}}")
+        self.decisions = {d.framework_id: d for d in cycle.decisions}
+
+    # -- outbound ------------------------------------------------------------------------
+    def _send(self, msg: internal_pb2.InternalMessage) -> None:
+        if self.dealer is None:
+            return
+        env = codec.Envelope()
+        env.internal.CopyFrom(msg)
+        if not self.dealer.send(env):
+            log.warning("send to broker failed", kind=msg.WhichOneof("kind"))
+
+    def _log_anomalies(self) -> None:
+        if self.feed is None or not self.feed.anomalies:
+            return
+        for text in self.feed.anomalies:
+            kind, _, detail = text.partition(": ")
+            self.stats.inc(f"stream_anomalies{{kind={kind}}}")
+            log.warning("state stream anomaly", kind=kind, detail=detail)
+        self.feed.anomalies.clear()
+
+    # -- HTTP ----------------------------------------------------------------------------
+    def _http_health(self, query: dict[str, list[str]]) -> Response:
+        body = {"service": "allocator", "id": self.config.allocator_id,
+                "leading": self.core is not None, "epoch": self.leader.epoch,
+                "master": _who(self.master), "broker": _who(self.broker),
+                "synced": self.subscriber is not None and self.subscriber.synced,
+                "broker_connected": self.dealer is not None and self.dealer.connected,
+                "endpoints": self.endpoints}
+        return Response(200 if self.core is not None else 503, "application/json",
+                        json.dumps(body).encode())
+
+    def _http_decisions(self, query: dict[str, list[str]]) -> Response:
+        """The latest cycle's decision per framework (`?framework=ID` for one)."""
+        wanted = set(query.get("framework", ()))
+        msg = internal_pb2.InternalMessage.AllocatorDecisions(decisions=[
+            d.to_proto() for fid, d in sorted(self.decisions.items())
+            if not wanted or fid in wanted])
+        body = {"leading": self.core is not None, "epoch": self.leader.epoch,
+                "cycle": self.last_cycle[0], "decided_at": self.last_cycle[1],
+                "decisions": MessageToDict(msg, preserving_proto_field_name=True)
+                .get("decisions", [])}
+        return json_response(json.dumps(body, sort_keys=True).encode())
+
+    def _http_metrics(self, query: dict[str, list[str]]) -> Response:
+        p = "offerbus_allocator_"
+        lines = [self.stats.prometheus(p),
+                 f"{p}elected {int(self.core is not None)}\n",
+                 f"{p}epoch {self.leader.epoch or 0}\n",
+                 f"{p}leaderships_total {self.leaderships}\n",
+                 f"{p}cycle_seconds_sum {self.cycle_seconds:.6f}\n",
+                 f"{p}cycle_seconds_count {self.stats.get('allocation_cycles')}\n"]
+        if self.core is not None:
+            outcomes = Counter(d.outcome.name.lower() for d in self.decisions.values())
+            lines += [f'{p}frameworks_by_outcome{{outcome="{o}"}} {n}\n'
+                      for o, n in sorted(outcomes.items())]
+            lines.append(f"{p}agents {len(self.core.agents)}\n")
+            lines.append(f"{p}frameworks {len(self.core.frameworks)}\n")
+            offered = sum(len(a.offered) for a in self.core.agents.values())
+            lines.append(f"{p}offered_allocations {offered}\n")
+            if self.feed is not None:
+                lines.append(f"{p}tasks_waiting {len(self.feed.waiting)}\n")
+        return text_response("".join(lines))
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def run(self) -> None:
+        self.reactor.run()
+
+    def close(self) -> None:
+        self._step_down("shutting down")
+        self.leader.close()
+        for detector in (self.masters, self.brokers):
+            self.reactor.remove_reader(detector)
+            detector.close()
+        self.http.close()
+        self.ctx.destroy(linger=0)
+
+
+def _who(leader: LeaderInfo | None) -> str:
+    return "-" if leader is None else f"{leader.member_id}@{leader.epoch}"
