@@ -47,6 +47,8 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     UNEXPECTED: _ErrorCode.ValueType  # 10
     """a payload this endpoint does not accept"""
     INTERNAL: _ErrorCode.ValueType  # 11
+    NOT_REGISTERED: _ErrorCode.ValueType  # 12
+    """this connection is not subscribed/registered: (re-)subscribe"""
 
 class ErrorCode(_ErrorCode, metaclass=_ErrorCodeEnumTypeWrapper): ...
 
@@ -71,6 +73,8 @@ NOT_FOUND: ErrorCode.ValueType  # 9
 UNEXPECTED: ErrorCode.ValueType  # 10
 """a payload this endpoint does not accept"""
 INTERNAL: ErrorCode.ValueType  # 11
+NOT_REGISTERED: ErrorCode.ValueType  # 12
+"""this connection is not subscribed/registered: (re-)subscribe"""
 Global___ErrorCode: _TypeAlias = ErrorCode  # noqa: Y015
 
 @_typing.final

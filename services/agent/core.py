@@ -179,8 +179,9 @@ class AgentCore:
         return [ToMaster(call)]
 
     def master_error(self, code: int, now: float) -> list[Command]:
-        """The master refused a call: unknown agent or not leading means register again."""
-        refused = code in (bus_pb2.NOT_FOUND, bus_pb2.UNAUTHORIZED, bus_pb2.NOT_LEADER)
+        """The master refused a call: not registered on this connection (or not leading)
+        means register again."""
+        refused = code in (bus_pb2.NOT_REGISTERED, bus_pb2.NOT_LEADER)
         if refused and self.registration is not Registration.REGISTERING:
             self.registration = Registration.REGISTERING
             self.updates.pause()

@@ -168,7 +168,7 @@ def test_reconcile_reports_unknown_tasks_dropped() -> None:
 def test_master_refusal_triggers_re_registration() -> None:
     core = AgentCore(info(), now=0.0)
     registered(core)
-    cmds = core.master_error(bus_pb2.NOT_FOUND, 3.0)
+    cmds = core.master_error(bus_pb2.NOT_REGISTERED, 3.0)
     assert core.registration is Registration.REGISTERING
     assert cmds and isinstance(cmds[0], ToMaster)
 
