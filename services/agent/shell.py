@@ -1,0 +1,367 @@
+"""The agent's shell: finds the leading master, registers, runs the AgentCore's commands —
+launching executors through the fork-server, the executor ROUTER (a stable local endpoint,
+so executors find a restarted agent), group-committed status-update checkpoints, executor
+pid watch, orphan container cleanup after a restart — and serves /health /state /metrics."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import zmq
+from google.protobuf.json_format import MessageToDict
+
+from schemas import common_pb2
+from services.agent import status_updates as su
+from services.agent.checkpoint import AgentCheckpoint, StatusUpdateLog
+from services.agent.core import (
+    AgentCore,
+    Command,
+    FetchLogs,
+    LaunchExecutor,
+    Registration,
+    SaveAgentId,
+    SaveState,
+    ToExecutor,
+    ToMaster,
+)
+from services.agent.launcher import ExecutorLauncher
+from services.bus import codec
+from services.bus.election import LeaderChanged, detector_from_url
+from services.bus.epoch import EpochFence
+from services.bus.log import get_logger
+from services.bus.peer import DealerClient, HeartbeatConfig, RouterServer, Sender
+from services.bus.reactor import Reactor
+from services.bus.stats import Stats
+from services.executor.runtime import Runtime, Stream
+from services.resources import Resources
+from services.shell.http import Response, StatusServer, json_response, text_response
+
+log = get_logger("agent")
+
+MASTER = codec.Role.Value("ROLE_MASTER")
+DEFAULT_RESOURCES = "cpus:{cpus};mem:{mem};disk:10240;ports:[31000-32000]"
+PID_WATCH_INTERVAL = 0.5
+
+
+def detect_resources() -> str:
+    """The machine's cpus and memory (less 1 GiB for the system), as resource flags."""
+    mem_mib = 4096
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    mem_mib = max(256, int(line.split()[1]) // 1024 - 1024)
+    except OSError:
+        pass
+    return DEFAULT_RESOURCES.format(cpus=os.cpu_count() or 1, mem=mem_mib)
+
+
+def parse_attributes(text: str) -> list[common_pb2.Attribute]:
+    """`rack:a;zone:eu-1;gen:3` -> attributes (a number becomes a scalar)."""
+    attrs = []
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        name, sep, value = part.partition(":")
+        if not sep or not name or not value:
+            raise ValueError(f"bad attribute {part!r}: expected name:value")
+        try:
+            attrs.append(common_pb2.Attribute(name=name, scalar=float(value)))
+        except ValueError:
+            attrs.append(common_pb2.Attribute(name=name, text=value))
+    return attrs
+
+
+@dataclass
+class AgentConfig:
+    cluster_url: str
+    work_dir: Path
+    resources: str = field(default_factory=detect_resources)
+    attributes: str = ""
+    hostname: str = field(default_factory=socket.gethostname)
+    host: str = "127.0.0.1"
+    http_port: int = 0
+    runtime: str = "docker"  # or "process"
+    heartbeat_interval: float = 1.0
+    max_missed: int = 5
+
+
+def make_runtime(name: str, work_dir: Path) -> Runtime:
+    if name == "docker":
+        from services.executor.docker_runtime import DockerRuntime
+
+        return DockerRuntime()
+    if name == "process":
+        from services.executor.process_runtime import ProcessRuntime
+
+        return ProcessRuntime(work_dir / "sandboxes")
+    raise ValueError(f"unknown runtime {name!r}: docker or process")
+
+
+class AgentShell:
+    def __init__(self, config: AgentConfig, reactor: Reactor | None = None) -> None:
+        self.config = config
+        self.reactor = reactor or Reactor()
+        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        self.stats = Stats()
+        config.work_dir.mkdir(parents=True, exist_ok=True)
+        self.checkpoint = AgentCheckpoint(config.work_dir)
+        self.update_log = StatusUpdateLog(config.work_dir)
+        agent_id = self.checkpoint.load_agent_id() or ""
+        state = self.checkpoint.load_state()
+        records = self.update_log.load()
+        self.sender = Sender(agent_id or f"agent-{config.hostname}", codec.Role.Value("ROLE_AGENT"))
+        beat = HeartbeatConfig(config.heartbeat_interval, config.max_missed)
+        self.executors = RouterServer(
+            self.reactor, self.ctx, self._executor_bind(), self.sender, self._on_executor,
+            heartbeat=HeartbeatConfig(1.0, 5), stats=self.stats, name="executors")
+        self.http = StatusServer(self.reactor, config.host, config.http_port, {
+            "/health": self._http_health, "/state": self._http_state,
+            "/metrics": self._http_metrics})
+        info = common_pb2.AgentInfo(agent_id=agent_id, hostname=config.hostname,
+                                    address=config.host, endpoint=self.http.url,
+                                    version="offerbus-0.1")
+        info.resources.extend(Resources.parse(config.resources).to_proto())
+        info.attributes.extend(parse_attributes(config.attributes))
+        now = time.time()
+        self.core = AgentCore(info, now=now, recovered=state, records=records)
+        self.runtime = make_runtime(config.runtime, config.work_dir)
+        self.launcher = ExecutorLauncher(config.work_dir)
+        self.fence = EpochFence(frozenset({MASTER}))
+        self.master = DealerClient(
+            self.reactor, self.ctx, self.sender, self._on_master,
+            on_connected=self._master_connected, on_gone=self._master_gone, heartbeat=beat,
+            stats=self.stats, fence=self.fence, name="master")
+        self.detector = detector_from_url(config.cluster_url, "master")
+        self.reactor.add_reader(self.detector, self._on_leader)
+        self._pending: list[su.Checkpoint] = []
+        self.reactor.on_idle(self._commit)
+        self.reactor.every(0.1, self._tick)
+        self.reactor.every(PID_WATCH_INTERVAL, self._watch_pids)
+        if state is not None:
+            self._remove_orphans()
+        self.detector.start()
+        log.info("agent started", id=agent_id or "(new)", hostname=config.hostname,
+                 resources=config.resources, executors=self.executors.endpoint,
+                 http=self.http.url, recovered_tasks=len(self.core.executors))
+
+    def _executor_bind(self) -> str:
+        """A stable loopback port kept in the work dir: executors reconnect after a restart."""
+        port_file = self.config.work_dir / "executor_port"
+        port = int(port_file.read_text()) if port_file.exists() else 0
+        bind = f"tcp://127.0.0.1:{port or '*'}"
+        if not port:
+            probe = self.ctx.socket(zmq.ROUTER)
+            probe.bind(bind)
+            port = int(probe.getsockopt_string(zmq.LAST_ENDPOINT).rsplit(":", 1)[1])
+            probe.close(linger=0)
+            port_file.write_text(str(port))
+        return f"tcp://127.0.0.1:{port}"
+
+    # -- master ----------------------------------------------------------------------------
+    def _on_leader(self) -> None:
+        for event in self.detector.events():
+            if not isinstance(event, LeaderChanged):
+                continue
+            leader = event.leader
+            if leader is None or "front" not in leader.endpoints:
+                log.warning("no leading master")
+                self.master.disconnect()
+                self._run(self.core.master_lost(time.time()))
+                continue
+            self.fence.observe(MASTER, leader.epoch)
+            log.info("leading master", id=leader.member_id, epoch=leader.epoch,
+                     endpoint=leader.endpoints["front"])
+            self.master.connect(leader.endpoints["front"])
+
+    def _master_connected(self) -> None:
+        self._run(self.core.master_detected(time.time()))
+
+    def _master_gone(self) -> None:
+        self._run(self.core.master_lost(time.time()))
+
+    def _on_master(self, env: codec.Envelope) -> None:
+        kind = codec.payload_kind(env)
+        now = time.time()
+        if kind == "agent_event":
+            self._run(self.core.master_event(env.agent_event, now))
+        elif kind == "error":
+            log.warning("master refused", code=env.error.code, message=env.error.message)
+            self._run(self.core.master_error(env.error.code, now))
+        else:
+            self.stats.inc("frames_dropped{reason=unexpected}")
+
+    # -- executors -------------------------------------------------------------------------
+    def _on_executor(self, peer: bytes, env: codec.Envelope) -> None:
+        if codec.payload_kind(env) != "executor_call":
+            self.stats.inc("frames_dropped{reason=unexpected}")
+            return
+        self._run(self.core.executor_call(peer, env.executor_call, time.time()))
+
+    def _launch(self, cmd: LaunchExecutor) -> None:
+        argv = ["--agent", self.executors.endpoint, "--executor-id", cmd.executor_id,
+                "--framework-id", cmd.framework_id, "--task-id", cmd.task_id,
+                "--agent-id", self.core.agent_id,
+                "--work-dir", str(self.config.work_dir / "sandboxes" / cmd.executor_id),
+                "--runtime", self.config.runtime]
+        try:
+            pid = self.launcher.launch(cmd.executor_id, argv)
+        except Exception as exc:  # the fork-server failed: the task fails, the agent goes on
+            log.error("executor launch failed", executor=cmd.executor_id, error=repr(exc))
+            self._run(self.core.executor_launch_failed(cmd.executor_id, str(exc), time.time()))
+            return
+        self.stats.inc("executors_launched")
+        self._run(self.core.executor_launched(cmd.executor_id, pid))
+
+    def _watch_pids(self) -> None:
+        now = time.time()
+        for ex in list(self.core.executors.values()):
+            if ex.pid and not ex.exited and not _alive(ex.pid):
+                log.info("executor exited", executor=ex.executor_id, pid=ex.pid)
+                self._run(self.core.executor_exited(ex.executor_id, now))
+
+    def _remove_orphans(self) -> None:
+        """Containers of this agent that no executor owns any more are killed and removed."""
+        if not self.core.agent_id:
+            return
+        known = set(self.core.executors)
+        try:
+            handles = self.runtime.find({"org.offerbus.agent_id": self.core.agent_id})
+        except Exception as exc:
+            log.warning("orphan scan failed", error=repr(exc))
+            return
+        for handle in handles:
+            if handle.labels.get("org.offerbus.executor_id") not in known:
+                log.warning("removing orphan container", id=handle.id, labels=handle.labels)
+                try:
+                    self.runtime.kill(handle, 0.0)
+                    self.runtime.remove(handle)
+                except Exception as exc:
+                    log.warning("orphan removal failed", id=handle.id, error=repr(exc))
+
+    def _fetch_logs(self, cmd: FetchLogs) -> None:
+        """A running task's output comes from its container; a finished one's from the copy
+        its executor left in the sandbox (the container is removed when the task ends)."""
+        req = cmd.request
+        call = codec.Envelope()
+        reply = call.agent_call.logs_reply
+        call.agent_call.agent_id = self.core.agent_id
+        reply.request_id, reply.task_id, reply.stream = req.request_id, req.task_id, req.stream
+        stream: Stream = "stderr" if req.stream == 2 else "stdout"
+        limit = req.max_bytes or 1 << 20
+        try:
+            handles = (self.runtime.find({"org.offerbus.executor_id": cmd.executor_id})
+                       if cmd.executor_id else [])
+            if handles:
+                logs = self.runtime.logs(handles[0], stream, req.tail_lines or None, limit)
+                reply.data, reply.truncated = logs.data, logs.truncated
+            else:
+                reply.data, reply.truncated = self._sandbox_logs(req.task_id, stream,
+                                                                 req.tail_lines, limit)
+            reply.eof = True
+        except Exception as exc:
+            reply.error = str(exc)
+        self.master.send(call)
+
+    def _sandbox_logs(self, task_id: str, stream: str, tail_lines: int,
+                      limit: int) -> tuple[bytes, bool]:
+        sandboxes = sorted((self.config.work_dir / "sandboxes").glob(f"{task_id}.*"),
+                           key=lambda p: p.stat().st_mtime)
+        if not sandboxes:
+            raise LookupError(f"task {task_id} has no sandbox on this agent")
+        path = sandboxes[-1] / stream
+        if not path.exists():
+            raise LookupError(f"task {task_id} left no {stream} (it may not have started)")
+        data = path.read_bytes()
+        if tail_lines:
+            data = b"".join(data.splitlines(keepends=True)[-tail_lines:])
+        return data[-limit:], len(data) > limit
+
+    # -- commands --------------------------------------------------------------------------
+    def _run(self, cmds: list[Command]) -> None:
+        for cmd in cmds:
+            if isinstance(cmd, su.Checkpoint):
+                self._pending.append(cmd)
+            elif isinstance(cmd, ToMaster):
+                env = codec.Envelope()
+                env.agent_call.CopyFrom(cmd.call)
+                if not self.master.send(env):
+                    self.stats.inc("master_calls_unsent")
+            elif isinstance(cmd, ToExecutor):
+                env = codec.Envelope()
+                env.executor_event.CopyFrom(cmd.event)
+                self.executors.send(cmd.peer, env)
+            elif isinstance(cmd, LaunchExecutor):
+                self._launch(cmd)
+            elif isinstance(cmd, SaveState):
+                self.checkpoint.save_state(cmd.state)
+            elif isinstance(cmd, SaveAgentId):
+                self.checkpoint.save_agent_id(cmd.agent_id)
+                self.sender.sender_id = cmd.agent_id
+            elif isinstance(cmd, FetchLogs):
+                self._fetch_logs(cmd)
+
+    def _commit(self) -> None:
+        """Group commit: one fsync for every checkpoint record of this wake-up, then let
+        the core acknowledge executors and forward."""
+        while self._pending:
+            batch, self._pending = self._pending, []
+            self.update_log.append([c.record for c in batch])
+            now = time.time()
+            for c in batch:
+                self._run(self.core.checkpointed(c.record, now))
+
+    def _tick(self) -> None:
+        self._run(self.core.tick(time.time()))
+
+    # -- HTTP ------------------------------------------------------------------------------
+    def _http_health(self, query: dict[str, list[str]]) -> Response:
+        body = {"service": "agent", "id": self.core.agent_id,
+                "registration": self.core.registration.value,
+                "master_connected": self.master.connected}
+        return json_response(json.dumps(body).encode())
+
+    def _http_state(self, query: dict[str, list[str]]) -> Response:
+        state: dict[str, Any] = MessageToDict(self.core.state(), preserving_proto_field_name=True)
+        state["registration"] = self.core.registration.value
+        return json_response(json.dumps(state, sort_keys=True).encode())
+
+    def _http_metrics(self, query: dict[str, list[str]]) -> Response:
+        lines = [self.stats.prometheus("offerbus_agent_")]
+        registered = int(self.core.registration is Registration.REGISTERED)
+        lines.append(f"offerbus_agent_registered {registered}\n")
+        lines.append(f"offerbus_agent_executors {len(self.core.executors)}\n")
+        for name, n in sorted(self.core.updates.counts.items()):
+            lines.append(f'offerbus_agent_status_updates_total{{event="{name}"}} {n}\n')
+        return text_response("".join(lines))
+
+    def run(self) -> None:
+        self.reactor.run()
+
+    def close(self) -> None:
+        self._commit()
+        self.reactor.remove_reader(self.detector)
+        self.detector.close()
+        self.master.close()
+        self.executors.close()
+        self.http.close()
+        self.launcher.close()
+        self.update_log.close()
+        self.ctx.destroy(linger=0)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+__all__ = ["AgentConfig", "AgentShell", "detect_resources", "parse_attributes"]

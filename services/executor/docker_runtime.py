@@ -1,0 +1,165 @@
+"""DockerRuntime: the runtime port on the local Docker engine (docker SDK, low-level API for one
+round trip per step). Images must already be on the engine: nothing is ever pulled."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import docker
+import requests
+from docker.errors import APIError, DockerException, ImageNotFound, NotFound
+
+from services.bus.log import get_logger
+from services.executor.runtime import (
+    REASON_CONTAINER_LAUNCH_FAILED,
+    REASON_IMAGE_NOT_FOUND,
+    ContainerSpec,
+    ExitInfo,
+    Handle,
+    LaunchError,
+    Logs,
+    RuntimeFailure,
+    Stream,
+    clip,
+)
+
+log = get_logger("executor.docker")
+
+KILL_WAIT_S = 10.0  # after SIGKILL, how long to wait for the engine to report the exit
+
+
+class DockerRuntime:
+    name = "docker"
+
+    def __init__(self, client: Any | None = None, *, init: bool = True) -> None:
+        # docker-init as PID 1 forwards SIGTERM to the task and reaps its zombies.
+        self.client = client if client is not None else docker.from_env(timeout=60)
+        self.api = self.client.api
+        self.init = init
+
+    # -- start ---------------------------------------------------------------------------
+    def start(self, spec: ContainerSpec) -> Handle:
+        if not spec.image:
+            raise LaunchError(REASON_CONTAINER_LAUNCH_FAILED, "a Docker task needs an image")
+        host_config = self.api.create_host_config(
+            nano_cpus=spec.nano_cpus, mem_limit=spec.mem_bytes,
+            memswap_limit=spec.mem_bytes,  # no swap: above the limit is an OOM kill
+            port_bindings={f"{p.container_port}/{p.protocol}": p.host_port for p in spec.ports}
+            or None,
+            network_mode=spec.network, init=self.init or None)
+        try:
+            created = self.api.create_container(
+                spec.image, command=list(spec.command) if spec.command is not None else None,
+                entrypoint=list(spec.entrypoint) if spec.entrypoint is not None else None,
+                environment=dict(spec.env) or None, labels=dict(spec.labels), name=spec.name,
+                ports=[(p.container_port, p.protocol) for p in spec.ports] or None,
+                host_config=host_config, detach=True)
+        except ImageNotFound as exc:
+            # create_container never pulls; a missing image fails here, fast.
+            raise LaunchError(REASON_IMAGE_NOT_FOUND,
+                              f"image {spec.image} is not on this agent: {_explain(exc)}") from exc
+        except (DockerException, requests.RequestException) as exc:
+            raise LaunchError(REASON_CONTAINER_LAUNCH_FAILED,
+                              f"create failed: {_explain(exc)}") from exc
+        container_id: str = created["Id"]
+        try:
+            self.api.start(container_id)
+        except (DockerException, requests.RequestException) as exc:
+            self._remove_quietly(container_id)
+            raise LaunchError(REASON_CONTAINER_LAUNCH_FAILED,
+                              f"start failed: {_explain(exc)}") from exc
+        return Handle(self.name, container_id, spec.name, dict(spec.labels))
+
+    # -- wait / signal / kill ------------------------------------------------------------
+    def wait(self, handle: Handle, timeout: float | None) -> ExitInfo | None:
+        if timeout is not None and timeout <= 0:
+            return self._exit_if_stopped(handle)
+        try:
+            result = self.api.wait(handle.container_id, timeout=timeout)
+        except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
+            # requests reports a read timeout on the streaming wait as either of these.
+            return self._exit_if_stopped(handle) if timeout is not None else None
+        except NotFound:
+            return ExitInfo(None, message="container is gone")
+        except DockerException as exc:
+            raise RuntimeFailure(_explain(exc)) from exc
+        return self._exit_if_stopped(handle) or ExitInfo(int(result.get("StatusCode", -1)))
+
+    def _exit_if_stopped(self, handle: Handle) -> ExitInfo | None:
+        try:
+            state = self.api.inspect_container(handle.container_id)["State"]
+        except NotFound:
+            return ExitInfo(None, message="container is gone")
+        except (DockerException, requests.RequestException) as exc:
+            raise RuntimeFailure(_explain(exc)) from exc
+        if state.get("Running") or state.get("Status") in ("created", "restarting"):
+            return None
+        oom = bool(state.get("OOMKilled"))
+        code = int(state.get("ExitCode", -1))
+        message = "killed for exceeding its memory limit" if oom else state.get("Error", "")
+        return ExitInfo(code, oom, message)
+
+    def signal(self, handle: Handle, sig: int) -> None:
+        try:
+            self.api.kill(handle.container_id, signal=int(sig))
+        except NotFound:
+            return
+        except APIError as exc:
+            if exc.status_code == 409:  # not running: nothing to signal
+                return
+            raise RuntimeFailure(_explain(exc)) from exc
+
+    def kill(self, handle: Handle, grace_s: float) -> ExitInfo | None:
+        # Our own TERM-wait-KILL: `docker stop -t` only takes whole seconds.
+        self.signal(handle, 15)
+        info = self.wait(handle, max(grace_s, 0.0))
+        if info is None:
+            log.info("grace period over; SIGKILL", container=handle.name, grace_s=grace_s)
+            self.signal(handle, 9)
+            info = self.wait(handle, KILL_WAIT_S)
+        return info
+
+    # -- logs / find / remove ------------------------------------------------------------
+    def logs(self, handle: Handle, stream: Stream, tail_lines: int | None = None,
+             max_bytes: int = 1 << 20) -> Logs:
+        try:
+            data = self.api.logs(handle.container_id, stdout=stream == "stdout",
+                                 stderr=stream == "stderr", stream=False,
+                                 tail="all" if tail_lines is None else tail_lines + 1)
+        except NotFound:
+            return Logs(b"", False)
+        except (DockerException, requests.RequestException) as exc:
+            raise RuntimeFailure(_explain(exc)) from exc
+        return clip(bytes(data), tail_lines, max_bytes)
+
+    def find(self, labels: Mapping[str, str]) -> list[Handle]:
+        try:
+            found = self.api.containers(
+                all=True, filters={"label": [f"{k}={v}" for k, v in labels.items()]})
+        except (DockerException, requests.RequestException) as exc:
+            raise RuntimeFailure(_explain(exc)) from exc
+        return [Handle(self.name, c["Id"], (c.get("Names") or ["/"])[0].lstrip("/"),
+                       dict(c.get("Labels") or {})) for c in found]
+
+    def remove(self, handle: Handle) -> None:
+        try:
+            self.api.remove_container(handle.container_id, force=True, v=True)
+        except NotFound:
+            return
+        except APIError as exc:
+            if exc.status_code == 409 and "in progress" in _explain(exc):
+                return
+            raise RuntimeFailure(_explain(exc)) from exc
+
+    def _remove_quietly(self, container_id: str) -> None:
+        try:
+            self.api.remove_container(container_id, force=True, v=True)
+        except (DockerException, requests.RequestException) as exc:
+            log.warning("could not remove a container that failed to start",
+                        container=container_id, error=_explain(exc))
+
+
+def _explain(exc: BaseException) -> str:
+    explanation = getattr(exc, "explanation", None)
+    return str(explanation or exc)

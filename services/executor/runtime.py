@@ -1,0 +1,198 @@
+"""The runtime port (after Nomad's driver plugins and Mesos's containerizers): what the executor
+needs from a container engine, the shared value types, and ContainerSpec built from a TaskInfo."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, TypeAlias, runtime_checkable
+
+from schemas import common_pb2
+
+TaskStatus = common_pb2.TaskStatus
+Reason: TypeAlias = common_pb2.TaskStatus.Reason.ValueType
+
+REASON_IMAGE_NOT_FOUND: Reason = TaskStatus.REASON_IMAGE_NOT_FOUND
+REASON_CONTAINER_LAUNCH_FAILED: Reason = TaskStatus.REASON_CONTAINER_LAUNCH_FAILED
+
+# Labels Offerbus puts on every container (Docker labels) or process record, so a restarted
+# agent finds what it started.
+LABEL_AGENT = "org.offerbus.agent_id"
+LABEL_FRAMEWORK = "org.offerbus.framework_id"
+LABEL_TASK = "org.offerbus.task_id"
+LABEL_EXECUTOR = "org.offerbus.executor_id"
+NAME_PREFIX = "offerbus-"
+
+Stream = Literal["stdout", "stderr"]
+
+
+class LaunchError(Exception):
+    """The container (or process) could not be started; `reason` is a TaskStatus.Reason."""
+
+    def __init__(self, reason: Reason, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+class RuntimeFailure(Exception):
+    """A runtime call other than start failed (the engine does not answer, ...)."""
+
+
+@dataclass(frozen=True)
+class PortMapping:
+    host_port: int
+    container_port: int
+    protocol: str = "tcp"
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    """Everything a runtime needs to start one task. `entrypoint` None keeps the image's
+    entrypoint (Docker); `command` None keeps the image's command. The process runtime execs
+    entrypoint + command, so it needs at least one of them."""
+
+    name: str
+    image: str = ""
+    entrypoint: tuple[str, ...] | None = None
+    command: tuple[str, ...] | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    cpus: float | None = None  # cores; None = no limit
+    mem_mib: float | None = None  # MiB; None = no limit
+    ports: tuple[PortMapping, ...] = ()
+    network: Literal["bridge", "host", "none"] = "bridge"
+    labels: Mapping[str, str] = field(default_factory=dict)
+    sandbox: str = ""  # host directory: cwd and log files of a process
+
+    @property
+    def nano_cpus(self) -> int | None:
+        return None if not self.cpus else round(self.cpus * 1e9)
+
+    @property
+    def mem_bytes(self) -> int | None:
+        return None if not self.mem_mib else int(self.mem_mib * 1024 * 1024)
+
+    @property
+    def argv(self) -> tuple[str, ...]:
+        return (self.entrypoint or ()) + (self.command or ())
+
+
+@dataclass(frozen=True)
+class Handle:
+    """A started container or process. `container_id` is the runtime's own id (Docker id,
+    or `<name>.<pid>` for a process)."""
+
+    runtime: str
+    container_id: str
+    name: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    pid: int | None = None
+    sandbox: str = ""
+
+    @property
+    def id(self) -> str:
+        return self.container_id
+
+
+@dataclass(frozen=True)
+class ExitInfo:
+    """How a container ended. `exit_code` is None when it cannot be known (a process that is
+    not our child, a container removed under us); killed by signal N reads as 128 + N."""
+
+    exit_code: int | None
+    oom_killed: bool = False
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class Logs:
+    data: bytes
+    truncated: bool  # True when older output was left out (tail_lines or max_bytes)
+
+
+@runtime_checkable
+class Runtime(Protocol):
+    """A container engine. Every call blocks: shells run them on worker threads."""
+
+    name: str
+
+    def start(self, spec: ContainerSpec) -> Handle:
+        """Create and start; raises LaunchError. Never pulls an image from a registry."""
+        ...
+
+    def wait(self, handle: Handle, timeout: float | None) -> ExitInfo | None:
+        """Block until the container exits (ExitInfo) or `timeout` passes (None)."""
+        ...
+
+    def signal(self, handle: Handle, sig: int) -> None:
+        ...
+
+    def kill(self, handle: Handle, grace_s: float) -> ExitInfo | None:
+        """SIGTERM, then SIGKILL if still running after `grace_s`; returns how it ended."""
+        ...
+
+    def logs(self, handle: Handle, stream: Stream, tail_lines: int | None = None,
+             max_bytes: int = 1 << 20) -> Logs:
+        ...
+
+    def find(self, labels: Mapping[str, str]) -> list[Handle]:
+        """Containers (running or exited, not removed) carrying all of `labels`."""
+        ...
+
+    def remove(self, handle: Handle) -> None:
+        """Kill if still running and forget it; a handle already gone is fine."""
+        ...
+
+
+def clip(data: bytes, tail_lines: int | None, max_bytes: int) -> Logs:
+    """The last `tail_lines` lines and at most the last `max_bytes` bytes of `data`."""
+    truncated = False
+    if tail_lines is not None:
+        lines = data.splitlines(keepends=True)
+        if len(lines) > tail_lines:
+            data, truncated = b"".join(lines[-tail_lines:] if tail_lines else []), True
+    if len(data) > max_bytes:
+        data, truncated = data[len(data) - max_bytes:], True
+    return Logs(data, truncated)
+
+
+def container_name(executor_id: str) -> str:
+    return f"{NAME_PREFIX}{executor_id}"
+
+
+def offerbus_labels(agent_id: str, framework_id: str, task_id: str,
+                    executor_id: str) -> dict[str, str]:
+    return {LABEL_AGENT: agent_id, LABEL_FRAMEWORK: framework_id, LABEL_TASK: task_id,
+            LABEL_EXECUTOR: executor_id}
+
+
+_NETWORKS: dict[int, Literal["bridge", "host", "none"]] = {
+    common_pb2.ContainerInfo.NETWORK_MODE_HOST: "host",
+    common_pb2.ContainerInfo.NETWORK_MODE_NONE: "none",
+}
+
+
+def spec_from_task(task: common_pb2.TaskInfo, *, framework_id: str, executor_id: str,
+                   agent_id: str = "", sandbox: str = "") -> ContainerSpec:
+    """The ContainerSpec of a TaskInfo. CommandInfo: shell -> `/bin/sh -c value`; otherwise
+    `value` replaces the entrypoint and `arguments` are the command (empty = image default)."""
+    cmd = task.command
+    entrypoint: tuple[str, ...] | None
+    command: tuple[str, ...] | None
+    if cmd.shell:
+        entrypoint, command = ("/bin/sh", "-c"), (cmd.value,)
+    else:
+        entrypoint = (cmd.value,) if cmd.value else None
+        command = tuple(cmd.arguments) or None
+    cpus = sum(r.scalar for r in task.resources if r.name == "cpus") or None
+    mem = sum(r.scalar for r in task.resources if r.name == "mem") or None
+    docker = task.container.docker
+    ports = tuple(PortMapping(p.host_port, p.container_port, p.protocol or "tcp")
+                  for p in docker.port_mappings)
+    labels = dict(docker.labels)
+    labels.update(offerbus_labels(agent_id or task.agent_id, framework_id, task.task_id,
+                                  executor_id))
+    return ContainerSpec(
+        name=container_name(executor_id), image=docker.image, entrypoint=entrypoint,
+        command=command, env=dict(cmd.env), cpus=cpus, mem_mib=mem, ports=ports,
+        network=_NETWORKS.get(docker.network, "bridge"), labels=labels, sandbox=sandbox)

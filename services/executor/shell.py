@@ -1,0 +1,369 @@
+"""The executor shell: the agent link (a DealerClient that re-subscribes whenever the link comes
+back), the reactor, and the threads that make blocking runtime calls; it feeds ExecutorCore and
+carries out its commands. Entry point: main(argv), also called by the agent's fork server."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from schemas import common_pb2, executor_pb2
+from services.bus import codec
+from services.bus.log import get_logger
+from services.bus.mailbox import Mailbox
+from services.bus.peer import DealerClient, HeartbeatConfig, Sender
+from services.bus.reactor import Reactor, Timer
+from services.executor import core as ec
+from services.executor.runtime import (
+    REASON_CONTAINER_LAUNCH_FAILED,
+    Handle,
+    LaunchError,
+    Runtime,
+    RuntimeFailure,
+    spec_from_task,
+)
+
+log = get_logger("executor")
+
+ROLE_EXECUTOR = codec.Role.Value("ROLE_EXECUTOR")
+SUBSCRIBE_RETRY_S = 1.0
+WAIT_SLICE_S = 30.0  # the waiter thread's runtime.wait() timeout per call
+SAVED_LOG_BYTES = 1 << 20  # container output copied to the sandbox before removal
+SIGTERM_EXIT_SLACK_S = 10.0
+KILL_ATTEMPTS = 5  # after SIGTERM: exit by grace + this even without an ack
+
+Event = Callable[[float], list[ec.Command]]  # a core call, made in the reactor thread
+
+
+class _LinkDealer(DealerClient):
+    """A DealerClient that also reports the transport going down and coming back (a ZeroMQ
+    socket monitor): an agent restarted on the same endpoint is reconnected by ZeroMQ within
+    ~100 ms, long before heartbeats would notice, and must be sent Subscribe again."""
+
+    def __init__(self, *args: Any, on_link: Callable[[bool], None], **kwargs: Any) -> None:
+        self._on_link = on_link
+        self._monitor: zmq.Socket[bytes] | None = None
+        super().__init__(*args, **kwargs)
+
+    def _open(self) -> None:
+        super()._open()
+        assert self.sock is not None
+        self._monitor = self.sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        self.reactor.add_reader(self._monitor, self._on_monitor)
+
+    def _close_socket(self) -> None:
+        if self._monitor is not None:
+            self.reactor.remove_reader(self._monitor)
+            if self.sock is not None:
+                with contextlib.suppress(zmq.ZMQError):
+                    self.sock.disable_monitor()
+            self._monitor.close(linger=0)
+            self._monitor = None
+        super()._close_socket()
+
+    def _on_monitor(self) -> None:
+        monitor = self._monitor
+        while monitor is not None and monitor is self._monitor:
+            try:
+                event = recv_monitor_message(monitor, flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._on_link(event["event"] == zmq.EVENT_CONNECTED)
+
+
+class ExecutorShell:
+    def __init__(self, args: argparse.Namespace, runtime: Runtime,
+                 ctx: zmq.Context[zmq.Socket[bytes]], reactor: Reactor | None = None) -> None:
+        self.args = args
+        self.runtime = runtime
+        self.reactor = reactor or Reactor()
+        self.work_dir = Path(args.work_dir)
+        self.core = ec.ExecutorCore(
+            args.executor_id, args.framework_id, time.time(), agent_id=args.agent_id,
+            recovery_timeout_s=args.recovery_timeout, default_grace_s=args.kill_grace)
+        self.exit_code: int | None = None
+        self.handle: Handle | None = None
+        self.mailbox: Mailbox[Event] = Mailbox()
+        self.reactor.add_reader(self.mailbox, self._drain_mailbox)
+        self.worker = ThreadPoolExecutor(1, thread_name_prefix="runtime")
+        self._timer: Timer | None = None
+        self._force_exit: Timer | None = None
+        self._link_lost = False
+        self._sig_r, self._sig_w = os.pipe()
+        os.set_blocking(self._sig_w, False)
+        self.reactor.add_reader(self._sig_r, self._on_signal_pipe)
+        self.dealer = _LinkDealer(
+            self.reactor, ctx, Sender(args.executor_id, ROLE_EXECUTOR), self._on_message,
+            on_connected=self._on_connected, on_gone=self._on_gone, on_link=self._on_link,
+            heartbeat=HeartbeatConfig(args.heartbeat), name="agent")
+        self._subscribe_retry = self.reactor.every(SUBSCRIBE_RETRY_S, self._resubscribe)
+
+    # -- running ---------------------------------------------------------------------------
+    def run(self) -> int:
+        log.info("executor starting", executor=self.args.executor_id, agent=self.args.agent,
+                 runtime=self.runtime.name, pid=os.getpid())
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+        self.dealer.connect(self.args.agent)
+        self._reschedule()
+        self.reactor.run(until=lambda: self.exit_code is not None)
+        self.dealer.close()
+        self.worker.shutdown(wait=False, cancel_futures=True)
+        log.info("executor exiting", code=self.exit_code)
+        return self.exit_code if self.exit_code is not None else 1
+
+    def _apply(self, commands: list[ec.Command]) -> None:
+        for cmd in commands:
+            if isinstance(cmd, ec.SendUpdate):
+                self._send_update(cmd.status)
+            elif isinstance(cmd, ec.StartContainer):
+                self.worker.submit(self._start, cmd.task, cmd.framework_id)
+            elif isinstance(cmd, ec.KillContainer):
+                self.worker.submit(self._kill, cmd.grace_s)
+            elif isinstance(cmd, ec.Exit):
+                self._finish(cmd)
+        self._reschedule()
+
+    def _event(self, fn: Event) -> None:
+        self._apply(fn(time.time()))
+
+    def _reschedule(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        deadline = self.core.next_deadline()
+        if deadline is not None and self.exit_code is None:
+            self._timer = self.reactor.call_later(max(0.0, deadline - time.time()), self._tick)
+
+    def _tick(self) -> None:
+        self._timer = None
+        self._event(self.core.tick)
+
+    # -- agent link ------------------------------------------------------------------------
+    def _call(self) -> executor_pb2.ExecutorCall:
+        return executor_pb2.ExecutorCall(executor_id=self.core.executor_id,
+                                         framework_id=self.core.framework_id)
+
+    def _send(self, call: executor_pb2.ExecutorCall) -> None:
+        env = codec.Envelope()
+        env.executor_call.CopyFrom(call)
+        self.dealer.send(env)
+
+    def _send_update(self, status: common_pb2.TaskStatus) -> None:
+        call = self._call()
+        call.update.status.CopyFrom(status)
+        self._send(call)
+        log.info("status update", task=status.task_id,
+                 state=common_pb2.TaskState.Name(status.state), uuid=status.uuid.hex()[:8])
+
+    def _send_subscribe(self) -> None:
+        call = self._call()
+        statuses, pending_tasks = self.core.subscribe_payload()
+        call.subscribe.unacknowledged_updates.extend(statuses)
+        call.subscribe.unacknowledged_tasks.extend(pending_tasks)
+        self._send(call)
+        log.info("subscribing", unacked_updates=len(statuses), unacked_tasks=len(pending_tasks))
+
+    def _on_connected(self) -> None:
+        if not self.core.connected:
+            self._send_subscribe()
+
+    def _resubscribe(self) -> None:
+        if not self.core.connected and self.dealer.connected:
+            self._send_subscribe()
+
+    def _on_link(self, up: bool) -> None:
+        if up:
+            if self._link_lost and self.dealer.connected:
+                # The agent came back (restarted) before heartbeats noticed it was gone.
+                self._send_subscribe()
+            self._link_lost = False
+        else:
+            log.info("agent link down")
+            self._link_lost = True
+            self._event(self.core.disconnected)
+
+    def _on_gone(self) -> None:
+        log.warning("agent missed its heartbeats")
+        self._event(self.core.disconnected)
+
+    def _on_message(self, env: codec.Envelope) -> None:
+        if codec.payload_kind(env) != "executor_event":
+            log.warning("unexpected message", kind=codec.payload_kind(env))
+            return
+        ev = env.executor_event
+        kind = ev.WhichOneof("event")
+        if kind == "subscribed":
+            log.info("subscribed", agent_id=ev.subscribed.agent_id)
+            self._event(lambda now: self.core.subscribed(ev.subscribed.agent_id, now))
+        elif kind == "launch":
+            log.info("launch", task=ev.launch.task.task_id)
+            self._event(lambda now: self.core.launch(ev.launch.task, ev.launch.framework_id, now))
+        elif kind == "kill":
+            grace = ev.kill.kill_grace_period_s if ev.kill.HasField("kill_grace_period_s") else None
+            log.info("kill", task=ev.kill.task_id, grace_s=grace)
+            self._event(lambda now: self.core.kill(grace, now))
+        elif kind == "acknowledged":
+            self._event(lambda now: self.core.acknowledged(ev.acknowledged.uuid, now))
+        elif kind == "shutdown":
+            # 0 (the proto default) means "the task's own grace period".
+            grace = ev.shutdown.grace_period_s or None
+            log.info("shutdown", grace_s=grace)
+            self._event(lambda now: self.core.shutdown(grace, now))
+        else:
+            log.warning("unknown executor event", kind=kind)
+
+    # -- runtime calls (worker and waiter threads) -------------------------------------------
+    def _drain_mailbox(self) -> None:
+        for fn in self.mailbox.drain():
+            self._event(fn)
+
+    def _start(self, task: common_pb2.TaskInfo, framework_id: str) -> None:
+        spec = spec_from_task(task, framework_id=framework_id, executor_id=self.core.executor_id,
+                              agent_id=self.core.agent_id, sandbox=str(self.work_dir))
+        started = time.monotonic()
+        try:
+            handle = self.runtime.start(spec)
+        except LaunchError as exc:
+            log.warning("launch failed", reason=exc.reason, error=exc.message)
+            reason, message = exc.reason, exc.message
+            self.mailbox.put(lambda now: self.core.launch_failed(reason, message, now))
+            return
+        except Exception as exc:  # any engine failure fails the task, never the executor
+            log.error("launch failed", error=repr(exc))
+            text = f"launch failed: {exc}"
+            self.mailbox.put(
+                lambda now: self.core.launch_failed(REASON_CONTAINER_LAUNCH_FAILED, text, now))
+            return
+        log.info("container started", container=handle.container_id[:12],
+                 took_ms=round((time.monotonic() - started) * 1000, 1))
+        self.handle = handle
+        self.mailbox.put(lambda now: self.core.container_started(handle.container_id, now))
+        threading.Thread(target=self._wait, args=(handle,), name="waiter", daemon=True).start()
+
+    def _wait(self, handle: Handle) -> None:
+        backoff = threading.Event()
+        while True:
+            try:
+                info = self.runtime.wait(handle, WAIT_SLICE_S)
+            except RuntimeFailure as exc:
+                log.warning("wait failed; retrying", error=str(exc))
+                backoff.wait(1.0)
+                continue
+            if info is not None:
+                break
+        log.info("container exited", code=info.exit_code, oom=info.oom_killed)
+        self.mailbox.put(lambda now: self.core.container_exited(
+            info.exit_code, info.oom_killed, info.message, now))
+
+    def _kill(self, grace_s: float) -> None:
+        if self.handle is None:
+            return
+        pause = threading.Event()
+        for attempt in range(1, KILL_ATTEMPTS + 1):
+            try:
+                self.runtime.kill(self.handle, grace_s)  # the waiter thread reports the exit
+                return
+            except RuntimeFailure as exc:  # e.g. the engine restarting: try again shortly
+                log.error("kill failed", attempt=attempt, error=str(exc))
+                pause.wait(1.0)
+
+    # -- exit ------------------------------------------------------------------------------
+    def _finish(self, cmd: ec.Exit) -> None:
+        log.info("exit", code=cmd.code, reason=cmd.reason)
+        handle = self.handle
+        if handle is not None and handle.runtime == "docker":
+            for stream in ("stdout", "stderr"):
+                try:  # keep the output in the sandbox: removing the container drops it
+                    out = self.runtime.logs(handle, stream, max_bytes=SAVED_LOG_BYTES)
+                    (self.work_dir / stream).write_bytes(out.data)
+                except (RuntimeFailure, OSError) as exc:
+                    log.warning("could not save container output", stream=stream, error=str(exc))
+        if handle is not None:
+            try:
+                self.runtime.remove(handle)
+            except RuntimeFailure as exc:
+                log.error("could not remove the container", error=str(exc))
+        self.exit_code = cmd.code
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        with contextlib.suppress(OSError):  # only async-signal-safe work here
+            os.write(self._sig_w, bytes([signum]))
+
+    def _on_signal_pipe(self) -> None:
+        os.read(self._sig_r, 64)
+        log.info("terminated by signal; killing the task")
+        self._event(lambda now: self.core.shutdown(None, now))
+        if self._force_exit is None and self.exit_code is None:
+            # Without an agent to acknowledge, do not wait for one for long.
+            self._force_exit = self.reactor.call_later(
+                self.core.grace_s + SIGTERM_EXIT_SLACK_S, self._exit_unacknowledged)
+
+    def _exit_unacknowledged(self) -> None:
+        if self.exit_code is None and not (self.core.container_running
+                                           or self.core.start_in_flight):
+            self._finish(ec.Exit(1, "terminated; last update not acknowledged"))
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m services.executor", description=__doc__)
+    ap.add_argument("--agent", required=True,
+                    help="the agent's executor endpoint (ipc://... or tcp://127.0.0.1:PORT)")
+    ap.add_argument("--executor-id", required=True)
+    ap.add_argument("--framework-id", required=True)
+    ap.add_argument("--task-id", default="", help="the task this executor is for (logs)")
+    ap.add_argument("--agent-id", default="", help="labels containers (else from Subscribed)")
+    ap.add_argument("--work-dir", required=True, help="the sandbox: logs, process output")
+    ap.add_argument("--runtime", choices=("docker", "process"), default="docker")
+    ap.add_argument("--recovery-timeout", type=float, default=ec.DEFAULT_RECOVERY_TIMEOUT_S,
+                    help="kill the task and exit when no agent answers for this long (s)")
+    ap.add_argument("--kill-grace", type=float, default=ec.DEFAULT_KILL_GRACE_S,
+                    help="SIGTERM->SIGKILL grace when the task sets none (s)")
+    ap.add_argument("--heartbeat", type=float, default=1.0, help="agent link beat interval (s)")
+    ap.add_argument("--log-level", default=os.environ.get("OFFERBUS_LOG_LEVEL", "INFO"))
+    return ap.parse_args(argv)
+
+
+def _configure_logging(work_dir: Path, executor_id: str, level: str) -> None:
+    handler = logging.FileHandler(work_dir / "executor.log")
+    handler.setFormatter(logging.Formatter(
+        f"%(asctime)s %(levelname)s executor[{executor_id}] %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+
+
+def make_runtime(kind: str, work_dir: Path) -> Runtime:
+    if kind == "process":
+        from services.executor.process_runtime import ProcessRuntime
+
+        return ProcessRuntime(work_dir)
+    from services.executor.docker_runtime import DockerRuntime
+
+    return DockerRuntime()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    work_dir = Path(args.work_dir)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    _configure_logging(work_dir, args.executor_id, args.log_level)
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    try:
+        shell = ExecutorShell(args, make_runtime(args.runtime, work_dir), ctx)
+        return shell.run()
+    finally:
+        ctx.destroy(linger=0)
