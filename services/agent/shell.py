@@ -116,9 +116,15 @@ class AgentShell:
         records = self.update_log.load()
         self.sender = Sender(agent_id or f"agent-{config.hostname}", codec.Role.Value("ROLE_AGENT"))
         beat = HeartbeatConfig(config.heartbeat_interval, config.max_missed)
+        port_file = config.work_dir / "executor_port"
+        port = int(port_file.read_text()) if port_file.exists() else 0
+        # A stable loopback port kept in the work dir: executors find a restarted agent.
         self.executors = RouterServer(
-            self.reactor, self.ctx, self._executor_bind(), self.sender, self._on_executor,
-            heartbeat=HeartbeatConfig(1.0, 5), stats=self.stats, name="executors")
+            self.reactor, self.ctx, f"tcp://127.0.0.1:{port or '*'}", self.sender,
+            self._on_executor, heartbeat=HeartbeatConfig(1.0, 5), stats=self.stats,
+            name="executors")
+        if not port:
+            port_file.write_text(self.executors.endpoint.rsplit(":", 1)[1])
         self.http = StatusServer(self.reactor, config.host, config.http_port, {
             "/health": self._http_health, "/state": self._http_state,
             "/metrics": self._http_metrics})
@@ -148,19 +154,6 @@ class AgentShell:
         log.info("agent started", id=agent_id or "(new)", hostname=config.hostname,
                  resources=config.resources, executors=self.executors.endpoint,
                  http=self.http.url, recovered_tasks=len(self.core.executors))
-
-    def _executor_bind(self) -> str:
-        """A stable loopback port kept in the work dir: executors reconnect after a restart."""
-        port_file = self.config.work_dir / "executor_port"
-        port = int(port_file.read_text()) if port_file.exists() else 0
-        bind = f"tcp://127.0.0.1:{port or '*'}"
-        if not port:
-            probe = self.ctx.socket(zmq.ROUTER)
-            probe.bind(bind)
-            port = int(probe.getsockopt_string(zmq.LAST_ENDPOINT).rsplit(":", 1)[1])
-            probe.close(linger=0)
-            port_file.write_text(str(port))
-        return f"tcp://127.0.0.1:{port}"
 
     # -- master ----------------------------------------------------------------------------
     def _on_leader(self) -> None:

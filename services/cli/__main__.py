@@ -1,0 +1,7 @@
+"""`python -m services.cli` is `offerbus`."""
+
+import sys
+
+from services.cli.main import main
+
+sys.exit(main())

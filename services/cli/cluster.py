@@ -1,0 +1,223 @@
+"""`offerbus up` / `offerbus down`: a local cluster of separate background processes —
+ZooKeeper (or standalone election), master, allocator, offer-broker and N agents, each agent
+with its own work dir, resources and hostname — with pids and logs under one run dir."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+
+from services.cli.client import CliError, find_leader, http_get
+
+console = Console()
+RACKS = ("a", "b", "c")
+
+
+@dataclass
+class UpOptions:
+    run_dir: Path
+    agents: int = 3
+    agent_resources: str = "cpus:4;mem:4096;disk:10240;ports:[31000-31999]"
+    standalone: bool = False
+    runtime: str = "docker"
+    timeout: float = 90.0
+    cluster_url: str = ""  # use this ZooKeeper (zk://hosts/chroot) instead of starting one
+    offer_timeout: float = 30.0
+    heartbeat: float = 1.0
+
+
+def _pids_dir(run_dir: Path) -> Path:
+    return run_dir / "pids"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def running(run_dir: Path) -> dict[str, int]:
+    out = {}
+    for pid_file in sorted(_pids_dir(run_dir).glob("*.pid")):
+        try:
+            pid = int(pid_file.read_text())
+        except ValueError:
+            continue
+        if _alive(pid):
+            out[pid_file.stem] = pid
+    return out
+
+
+_children: dict[str, subprocess.Popen[bytes]] = {}
+
+
+def spawn(run_dir: Path, name: str, argv: list[str]) -> int:
+    """Start `python -m ...` detached, logging to run_dir/logs/NAME.log."""
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    _pids_dir(run_dir).mkdir(parents=True, exist_ok=True)
+    log = open(run_dir / "logs" / f"{name}.log", "ab")  # noqa: SIM115 (kept by the child)
+    proc = subprocess.Popen([sys.executable, *argv], stdout=log, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True,
+                            cwd=Path.cwd())
+    log.close()
+    (_pids_dir(run_dir) / f"{name}.pid").write_text(str(proc.pid))
+    _children[name] = proc
+    return proc.pid
+
+
+def _start_zookeeper(run_dir: Path) -> str:
+    zk_dir = run_dir / "zk"
+    subprocess.run([sys.executable, "-m", "infra.zookeeper", "start", "--dir", str(zk_dir)],
+                   check=True, stdout=subprocess.DEVNULL)
+    hosts = (zk_dir / "hosts").read_text().strip()
+    from kazoo.client import KazooClient
+
+    client = KazooClient(hosts=hosts, timeout=5.0)
+    client.start(timeout=15)
+    client.ensure_path("/offerbus")
+    client.stop()
+    client.close()
+    return f"zk://{hosts}/offerbus"
+
+
+def up(opts: UpOptions) -> str:
+    run_dir = opts.run_dir.resolve()
+    alive = running(run_dir)
+    if alive:
+        url = (run_dir / "cluster.url").read_text().strip()
+        console.print(f"[yellow]a cluster is already up in {run_dir}[/] ({', '.join(alive)}); "
+                      f"`offerbus down` stops it")
+        return url
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with console.status("starting ZooKeeper") as status:
+        if opts.cluster_url:
+            url = opts.cluster_url
+        elif opts.standalone:
+            url = f"file://{run_dir / 'election'}"
+            (run_dir / "election").mkdir(exist_ok=True)
+        else:
+            url = _start_zookeeper(run_dir)
+        (run_dir / "cluster.url").write_text(url + "\n")
+        status.update("starting master, allocator, offer-broker")
+        common = ["--cluster", url]
+        beat = ["--heartbeat", str(opts.heartbeat)]
+        spawn(run_dir, "master", ["-m", "services.master", *common, *beat, "--id", "master-1"])
+        spawn(run_dir, "allocator", ["-m", "services.allocator", *common, "--id", "allocator-1"])
+        spawn(run_dir, "broker", ["-m", "services.broker", *common, "--id", "broker-1",
+                                  "--offer-timeout", str(opts.offer_timeout)])
+        for i in range(1, opts.agents + 1):
+            name = f"agent-{i}"
+            spawn(run_dir, name, [
+                "-m", "services.agent", *common, "--work-dir", str(run_dir / "agents" / name),
+                "--hostname", name, "--resources", opts.agent_resources,
+                "--attributes", f"rack:{RACKS[(i - 1) % len(RACKS)]}",
+                "--runtime", opts.runtime, *beat])
+        wait_ready(url, run_dir, opts.agents, opts.timeout, status)
+    console.print(f"[green]cluster up[/] in {run_dir}: master, allocator, offer-broker and "
+                  f"{opts.agents} agents; election and registry at {url}")
+    console.print(f"  logs: {run_dir / 'logs'}/   state: `offerbus status`, `offerbus agents`")
+    return url
+
+
+def wait_ready(url: str, run_dir: Path, agents: int, timeout: float, status: object) -> None:
+    deadline = time.monotonic() + timeout
+    last = ""
+    while time.monotonic() < deadline:
+        dead = [n for n, proc in _children.items() if proc.poll() is not None]
+        if dead:
+            raise CliError(f"{', '.join(dead)} exited during start-up; see "
+                           f"{run_dir / 'logs'}/{dead[0]}.log")
+        try:
+            leader = find_leader(url, timeout=1.0)
+            for role in ("allocator", "broker"):
+                find_leader(url, timeout=1.0, role=role)
+            state = http_get(leader.endpoints["http"] + "/state", timeout=2.0)
+            registered = sum(1 for a in state.get("agents", [])
+                             if a.get("status") == "AGENT_STATUS_REGISTERED")
+            last = f"{registered}/{agents} agents registered"
+            if registered >= agents:
+                return
+        except CliError as exc:
+            last = str(exc)
+        if hasattr(status, "update"):
+            status.update(f"waiting for the cluster: {last}")
+        time.sleep(0.2)  # polling a condition with a deadline
+    raise CliError(f"the cluster was not ready within {timeout:g}s: {last}; see "
+                   f"{run_dir / 'logs'}/")
+
+
+def executor_pids(run_dir: Path) -> dict[str, int]:
+    """Executors run detached from their agent (they survive its restarts): find them in
+    the agents' checkpoints."""
+    from services.agent.checkpoint import AgentCheckpoint
+
+    out = {}
+    for work_dir in sorted((run_dir / "agents").glob("*")):
+        try:
+            state = AgentCheckpoint(work_dir).load_state()
+        except Exception:
+            continue
+        for ex in state.executors if state is not None else []:
+            if ex.pid and _alive(ex.pid):
+                out[f"executor {ex.executor_id}"] = ex.pid
+    return out
+
+
+def down(run_dir: Path, timeout: float = 15.0) -> None:
+    run_dir = run_dir.resolve()
+    procs = running(run_dir)
+    for name, pid in executor_pids(run_dir).items():
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            continue
+        procs.setdefault(name, pid)
+    with console.status(f"stopping {len(procs)} processes") as status:
+        for pid in procs.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and any(_alive(p) for p in procs.values()):
+            time.sleep(0.05)  # polling process exit with a deadline
+        for name, pid in procs.items():
+            if _alive(pid):
+                console.print(f"[yellow]{name} did not stop in {timeout:g}s; killing it[/]")
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+        status.update("removing task containers")
+        removed = remove_task_containers()
+        if (run_dir / "zk").exists():
+            status.update("stopping ZooKeeper")
+            subprocess.run([sys.executable, "-m", "infra.zookeeper", "stop", "--dir",
+                            str(run_dir / "zk")], stdout=subprocess.DEVNULL, check=False)
+    for pid_file in _pids_dir(run_dir).glob("*.pid"):
+        pid_file.unlink()
+    console.print(f"[green]cluster down[/]: {len(procs)} processes stopped, "
+                  f"{removed} containers removed")
+
+
+def remove_task_containers() -> int:
+    """Every container an Offerbus executor started (and any that outlived its agent)."""
+    try:
+        import docker
+
+        client = docker.from_env(timeout=30)
+        containers = client.containers.list(all=True, filters={"label": "org.offerbus.task_id"})
+    except Exception:
+        return 0
+    for c in containers:
+        with contextlib.suppress(Exception):
+            c.remove(force=True)
+    return len(containers)

@@ -1,0 +1,361 @@
+"""The master's side of the agent protocol: admission (Register, Reregister and the rebuild
+of task records from an agent's report), status updates, and agents leaving or going silent."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from schemas import agent_pb2, bus_pb2, common_pb2, operator_pb2, scheduler_pb2
+from services import tasks
+from services.master.commands import Command, Reject, ToAgent, ToFramework, ToOperator
+from services.master.state import (
+    GONE,
+    REGISTERED,
+    UNREACHABLE,
+    Agent,
+    Framework,
+    MasterState,
+    Reason,
+    Task,
+    TaskKey,
+    copy_status,
+    finite_nonneg,
+    parse_resources,
+    total_of,
+)
+from services.resources import Resources
+
+Reported = agent_pb2.AgentCall.Reregister.Task
+
+
+@dataclass
+class _Plan:
+    """What a (re-)registration will do to the task records, decided before any change."""
+
+    add: list[Task] = field(default_factory=list)  # records to create
+    refresh: list[tuple[Task, common_pb2.TaskStatus]] = field(default_factory=list)
+    kill: list[Task] = field(default_factory=list)  # live on the agent, but must not run
+    kill_unrecorded: list[tuple[str, str]] = field(default_factory=list)  # (fid, tid)
+    reconcile: list[Task] = field(default_factory=list)  # STAGING, maybe still in flight
+    dropped: list[Task] = field(default_factory=list)  # the agent does not have them
+    shutdown: set[str] = field(default_factory=set)  # removed frameworks it still runs
+    adopt: dict[str, common_pb2.FrameworkInfo] = field(default_factory=dict)
+
+
+class AgentHandlers(MasterState):
+    def _agent_call(self, peer: bytes, call: agent_pb2.AgentCall, message_id: str,
+                    ) -> list[Command]:
+        kind = call.WhichOneof("call")
+        if kind == "register":
+            return self._admit(peer, call.register.agent_info, (), (), message_id, rereg=False)
+        if kind == "reregister":
+            r = call.reregister
+            return self._admit(peer, r.agent_info, r.tasks, r.frameworks, message_id,
+                               rereg=True)
+        if kind is None:
+            return [Reject(peer, bus_pb2.UNKNOWN_PAYLOAD, "AgentCall carries no call",
+                           message_id)]
+        agent = self.agents.get(call.agent_id)
+        if agent is None or agent.status == GONE:
+            why = "is gone" if agent is not None else "is not known to this master"
+            code = bus_pb2.NOT_FOUND if agent is not None else bus_pb2.NOT_REGISTERED
+            return [Reject(peer, code,
+                           f"agent {call.agent_id!r} {why}; register first", message_id)]
+        if agent.peer != peer:
+            return [Reject(peer, bus_pb2.NOT_REGISTERED,
+                           f"agent {call.agent_id!r} is not registered on this connection; "
+                           "re-register", message_id)]
+        agent.last_seen = self._now
+        if kind == "status_updates":
+            return self._status_updates(agent, call.status_updates.updates)
+        if kind == "executor_exited":
+            e = call.executor_exited
+            fw = self.frameworks.get(e.framework_id)
+            if fw is None or fw.peer is None:
+                return []
+            ev = scheduler_pb2.SchedulerEvent(failure=scheduler_pb2.SchedulerEvent.Failure(
+                agent_id=agent.agent_id, executor_id=e.executor_id))
+            if e.HasField("exit_status"):
+                ev.failure.exit_status = e.exit_status
+            return [ToFramework(fw.peer, fw.framework_id, ev)]
+        if kind == "unregister":
+            return self._agent_gone(agent, tasks.GONE, Reason.REASON_AGENT_REMOVED,
+                                    f"agent {agent.agent_id} unregistered: "
+                                    f"{call.unregister.reason or 'no reason given'}")
+        if kind == "logs_reply":
+            return self._logs_reply(agent, call.logs_reply)
+        return [Reject(peer, bus_pb2.UNEXPECTED, f"unexpected agent call {kind}", message_id)]
+
+    # -- admission ---------------------------------------------------------------------
+    def _admit(self, peer: bytes, info: common_pb2.AgentInfo, reported: Sequence[Reported],
+               frameworks: Sequence[common_pb2.FrameworkInfo], message_id: str,
+               rereg: bool) -> list[Command]:
+        def reject(code: int, why: str) -> list[Command]:
+            return [Reject(peer, code, why, message_id)]
+
+        if peer in self.framework_peers:
+            return reject(bus_pb2.INVALID, "this connection is subscribed as framework "
+                          f"{self.framework_peers[peer]!r}; an agent needs its own")
+        try:
+            total = parse_resources(info.resources)
+        except ValueError as exc:
+            return reject(bus_pb2.INVALID, f"agent resources are invalid: {exc}")
+        aid = info.agent_id
+        known = self.agents.get(aid) if aid else None
+        if rereg and not aid:
+            return reject(bus_pb2.INVALID, "Reregister needs the agent's id")
+        if known is not None and known.status == GONE:
+            if rereg:
+                return [*reject(bus_pb2.NOT_FOUND, f"agent {aid!r} was declared gone"),
+                        ToAgent(peer, aid, agent_pb2.AgentEvent(shutdown=agent_pb2.AgentEvent
+                                .Shutdown(reason=f"agent {aid} was declared gone")))]
+            aid, known = "", None  # a fresh agent on a gone machine: a new id
+        if not aid:
+            aid = self._new_id("agent", "S", [*self.agents, *self.recovering])
+        plan = self._plan(aid, known, reported, frameworks)
+        need = total_of([*(t.resources for t in plan.add if not tasks.is_terminal(t.state)),
+                         *(t.resources for t in plan.reconcile),
+                         *(t.resources for t, s in plan.refresh
+                           if not tasks.is_terminal(s.state)),
+                         *(t.resources for t in plan.kill)])
+        if not total.contains(need):
+            return reject(bus_pb2.INVALID, f"agent {aid}: its tasks use {need}, more than its "
+                          f"resources {total}; fix the agent's resources")
+        out: list[Command] = []
+        other = self.agent_peers.get(peer)
+        if other is not None and other != aid:  # the machine restarted under a new id
+            out += self._agent_unreachable(self.agents[other],
+                                           f"agent {other} was replaced on its connection")
+        info = _copy_info(info)
+        info.agent_id = aid
+        was = self.recovering.pop(aid, None)
+        if known is None:
+            known = Agent(aid, info, REGISTERED, total, status_since=self._now,
+                          registered_at=self._now)
+            self.agents[aid] = known
+            self._registry_changed()
+        else:
+            if known.status != REGISTERED or known.info.hostname != info.hostname:
+                self._registry_changed()
+                known.status_since = self._now
+            known.info, known.total, known.status = info, total, REGISTERED
+            known.unreachable_since = 0.0
+        if was is not None and was.get("status") != "registered":
+            self._registry_changed()
+        known.last_seen = self._now
+        self._bind_agent(known, peer)
+        self._touch("agent", aid)
+        out += self._apply_plan(known, plan)
+        reply = agent_pb2.AgentEvent()
+        body = reply.reregistered if rereg else reply.registered
+        body.agent_id, body.master_id = aid, self.master_id
+        body.master_epoch, body.heartbeat_interval_ms = self.epoch, self.heartbeat_interval_ms
+        out.insert(0, ToAgent(peer, aid, reply))
+        if plan.reconcile:
+            ev = agent_pb2.AgentEvent(reconcile=agent_pb2.AgentEvent.Reconcile(tasks=[
+                agent_pb2.AgentEvent.Reconcile.Task(framework_id=t.framework_id,
+                                                    task_id=t.info.task_id, state=t.state)
+                for t in plan.reconcile]))
+            out.append(ToAgent(peer, aid, ev))
+        return out
+
+    def _plan(self, aid: str, known: Agent | None, reported: Sequence[Reported],
+              frameworks: Sequence[common_pb2.FrameworkInfo]) -> _Plan:
+        plan = _Plan()
+        infos = {f.framework_id: f for f in frameworks if f.framework_id}
+        seen: set[TaskKey] = set()
+        for r in reported:
+            fid, tid = r.framework_id, r.task_info.task_id
+            state = r.latest_status.state
+            if not fid or not tid or (fid, tid) in seen or state not in tasks.STORABLE:
+                self.anomalies.append(f"agent {aid}: bad task report {fid!r}/{tid!r}")
+                continue
+            seen.add((fid, tid))
+            if fid in self.removed_frameworks:
+                plan.shutdown.add(fid)
+                continue
+            fw = self.frameworks.get(fid)
+            if fw is None and fid not in plan.adopt:
+                plan.adopt[fid] = infos.get(fid) or common_pb2.FrameworkInfo(
+                    framework_id=fid, failover_timeout_s=self.agent_reregister_window_s)
+            elif fw is not None and not fw.connected and fid in infos:
+                plan.adopt[fid] = infos[fid]  # fills in what the registry does not keep
+            try:
+                res = parse_resources(r.task_info.resources)
+            except ValueError:
+                res = Resources()
+                self.anomalies.append(f"agent {aid}: task {fid}/{tid} has invalid resources")
+            status = copy_status(r.latest_status)
+            status.agent_id = aid
+            task = self.tasks.get((fid, tid))
+            if task is None:
+                info = common_pb2.TaskInfo()
+                info.CopyFrom(r.task_info)
+                info.agent_id = aid
+                if not status.executor_id:
+                    status.executor_id = r.executor_id
+                plan.add.append(Task(fid, aid, info, status, res, self._now))
+            elif task.agent_id != aid and not tasks.is_terminal(task.state):
+                self.anomalies.append(f"agent {aid} reports {fid}/{tid}, recorded on "
+                                      f"{task.agent_id}: ignored")
+            elif tasks.is_terminal(task.state):
+                if not tasks.is_terminal(state):  # its framework was told it ended
+                    plan.kill_unrecorded.append((fid, tid))
+            elif tasks.is_terminal(state):
+                plan.refresh.append((task, status))
+            elif task.state == tasks.KILLING or (
+                    task.state == tasks.UNREACHABLE and fw is not None
+                    and not fw.partition_aware):
+                # A kill is pending, or a non-partition-aware framework was told TASK_LOST.
+                plan.kill.append(task)
+            else:
+                plan.refresh.append((task, status))
+        if known is not None:
+            for key in sorted(known.tasks - seen):
+                task = self.tasks[key]
+                if task.state == tasks.STAGING:
+                    plan.reconcile.append(task)
+                else:
+                    plan.dropped.append(task)
+        return plan
+
+    def _apply_plan(self, agent: Agent, plan: _Plan) -> list[Command]:
+        out: list[Command] = []
+        for fid, info in plan.adopt.items():
+            self._adopt_framework(fid, info)
+        for task in plan.add:
+            self._add_task(task)
+        for task, status in plan.refresh:
+            if tasks.is_terminal(status.state) or status.state != task.state:
+                self._set_status(task, status, checked=False)
+        for task in plan.kill:
+            out += self._kill(task, None)
+        for fid, tid in plan.kill_unrecorded:
+            out.append(ToAgent(agent.peer or b"", agent.agent_id, agent_pb2.AgentEvent(
+                kill_task=agent_pb2.AgentEvent.KillTask(framework_id=fid, task_id=tid))))
+        for task in plan.dropped:
+            self._end_task(task, tasks.DROPPED, Reason.REASON_AGENT_RESTARTED,
+                           f"agent {agent.agent_id} did not report the task when it "
+                           "re-registered")
+        for fid in sorted(plan.shutdown):
+            cmd = self._shutdown_framework(agent, fid, f"framework {fid} was removed")
+            if cmd is not None:
+                out.append(cmd)
+        return out
+
+    def _adopt_framework(self, fid: str, info: common_pb2.FrameworkInfo) -> None:
+        """A framework an agent runs tasks of, not (yet) re-subscribed: known, disconnected,
+        its failover timeout running."""
+        fw = self.frameworks.get(fid)
+        if fw is not None:  # refresh a recovered framework's info from the agent's copy
+            keep = (fw.info.role, fw.info.principal, fw.info.failover_timeout_s)
+            fw.info.CopyFrom(info)
+            fw.info.framework_id = fid
+            fw.info.role, fw.info.principal, fw.info.failover_timeout_s = keep
+            self._touch("framework", fid)
+            return
+        if not finite_nonneg(info.failover_timeout_s):
+            info.failover_timeout_s = self.agent_reregister_window_s
+        self.frameworks[fid] = Framework(fid, info, registered_at=self._now,
+                                         disconnected_at=self._now)
+        self._touch("framework", fid)
+        self._registry_changed()
+
+    # -- status updates ----------------------------------------------------------------
+    def _status_updates(self, agent: Agent, updates: Sequence[agent_pb2.StatusUpdate],
+                        ) -> list[Command]:
+        """Record each update (if it moves the task forward) and forward it to its
+        framework if connected. Not forwarded = not acknowledged: the agent retries."""
+        shutdown: set[str] = set()
+        for su in updates:
+            fid, st = su.framework_id, su.status
+            if fid not in self.frameworks:
+                if fid in self.removed_frameworks:
+                    shutdown.add(fid)
+                else:
+                    self.anomalies.append(f"update for unknown framework {fid!r} dropped")
+                continue
+            if st.state not in tasks.STORABLE:
+                self.anomalies.append(f"update {fid}/{st.task_id}: bad state {st.state}")
+                continue
+            task = self.tasks.get((fid, st.task_id))
+            if task is not None and task.agent_id == agent.agent_id:
+                if st.uuid and st.uuid == task.status.uuid:
+                    pass  # a retry: the framework has not acknowledged it yet
+                elif tasks.can_transition(task.state, st.state):
+                    status = copy_status(st)
+                    status.agent_id = agent.agent_id
+                    self._set_status(task, status)
+                else:  # older than what the master knows (e.g. RUNNING after KILLING)
+                    self.anomalies.append(
+                        f"update {fid}/{st.task_id}: {tasks.name(task.state)} -> "
+                        f"{tasks.name(st.state)} not applied (stale)")
+            if not st.agent_id:
+                st = copy_status(st)
+                st.agent_id = agent.agent_id
+            self._notify(fid, st)  # forwarded even if stale: the agent's stream needs its ack
+        out: list[Command] = []
+        for fid in sorted(shutdown):
+            cmd = self._shutdown_framework(agent, fid, f"framework {fid} was removed")
+            if cmd is not None:
+                out.append(cmd)
+        return out
+
+    # -- agents leaving ----------------------------------------------------------------
+    def _agent_unreachable(self, agent: Agent, why: str) -> list[Command]:
+        """Missed heartbeats (or replaced): its live tasks become TASK_UNREACHABLE (told as
+        TASK_LOST to frameworks that are not partition-aware); resources stay counted."""
+        if agent.status != REGISTERED:
+            return []
+        self._unbind_agent(agent)
+        agent.status = UNREACHABLE
+        agent.status_since = agent.unreachable_since = self._now
+        self._touch("agent", agent.agent_id)
+        self._registry_changed()
+        for key in sorted(agent.tasks):
+            task = self.tasks[key]
+            if task.state != tasks.UNREACHABLE:
+                self._end_task(task, tasks.UNREACHABLE, Reason.REASON_AGENT_UNREACHABLE, why,
+                               unreachable_since=self._now)
+        out = self._failure_to_all(agent.agent_id)
+        return out + self._fail_log_requests(agent.agent_id, f"agent {agent.agent_id} is "
+                                             "unreachable")
+
+    def _agent_gone(self, agent: Agent, state: tasks.State, reason: int, why: str,
+                    ) -> list[Command]:
+        """Unregistered, or declared gone by an operator: its tasks end for good."""
+        was_registered = agent.status == REGISTERED
+        self._unbind_agent(agent)
+        agent.status = GONE
+        agent.status_since = self._now
+        self._touch("agent", agent.agent_id)
+        self._registry_changed()
+        for key in sorted(agent.tasks):
+            self._end_task(self.tasks[key], state, reason, why)  # type: ignore[arg-type]
+        out = self._failure_to_all(agent.agent_id) if was_registered else []
+        return out + self._fail_log_requests(agent.agent_id, f"agent {agent.agent_id} is gone")
+
+    def _failure_to_all(self, agent_id: str) -> list[Command]:
+        ev = scheduler_pb2.SchedulerEvent(
+            failure=scheduler_pb2.SchedulerEvent.Failure(agent_id=agent_id))
+        return [ToFramework(fw.peer, fw.framework_id, ev)
+                for fw in self.frameworks.values() if fw.peer is not None]
+
+    def _logs_reply(self, agent: Agent, reply: agent_pb2.AgentCall.LogsReply) -> list[Command]:
+        req = self.log_requests.get(reply.request_id)
+        if req is None or req.agent_id != agent.agent_id:
+            self.anomalies.append(f"logs reply for unknown request {reply.request_id!r}")
+            return []
+        if reply.eof or reply.error:
+            del self.log_requests[reply.request_id]
+        ev = operator_pb2.OperatorEvent(logs=operator_pb2.OperatorEvent.Logs(
+            task_id=reply.task_id or req.task_id, stream=reply.stream or req.stream,
+            data=reply.data, truncated=reply.truncated, error=reply.error))
+        return [ToOperator(req.peer, ev, req.message_id)]
+
+
+def _copy_info(info: common_pb2.AgentInfo) -> common_pb2.AgentInfo:
+    out = common_pb2.AgentInfo()
+    out.CopyFrom(info)
+    return out

@@ -1,0 +1,458 @@
+"""The master's pure core: the front door's state machine. Agent, scheduler, broker and
+operator calls (decoded by the shell) and the time come in; commands (services/master/
+commands.py) come out. No sockets, no clock, no threads; bad input becomes a Reject.
+
+Tables and shared helpers live in state.py, the agent protocol in agents.py, the scheduler
+protocol in frameworks.py; this module adds the broker's messages (offers relayed, launches
+re-validated), operator calls, peers going silent, timers, and recovery after a failover.
+
+Each public method returns, in order: PersistRegistry (if the registry changed), the
+messages to peers, one batched SchedulerEvent.Update per framework, one Publish."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+from schemas import (
+    agent_pb2,
+    bus_pb2,
+    common_pb2,
+    internal_pb2,
+    operator_pb2,
+    scheduler_pb2,
+    state_pb2,
+)
+from services import tasks
+from services.master.agents import AgentHandlers
+from services.master.commands import Command, Reject, ToAgent, ToFramework, ToOperator
+from services.master.frameworks import Event, FrameworkHandlers
+from services.master.state import (
+    GONE,
+    LOGS_TIMEOUT_S,
+    MAX_COMPLETED_TASKS,
+    REGISTERED,
+    UNREACHABLE,
+    Agent,
+    Framework,
+    LogRequest,
+    Reason,
+    ReasonT,
+    Task,
+    logs_error,
+    parse_resources,
+    total_of,
+    with_role,
+)
+from services.resources import UNRESERVED, Resources
+
+RejectReason = common_pb2.RejectReason
+Internal = internal_pb2.InternalMessage
+_STATUS_OF = {"registered": REGISTERED, "unreachable": UNREACHABLE, "gone": GONE}
+
+
+class _Refused(Exception):
+    def __init__(self, reason: int, message: str, task_reason: ReasonT) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+        self.task_reason = task_reason
+
+
+class MasterCore(AgentHandlers, FrameworkHandlers):
+    """See the module docstring. `recovered_registry`: the registry document the previous
+    leader persisted (registry_document()); its registered agents get
+    `agent_reregister_window_s` from this core's first call to re-register."""
+
+    def __init__(self, master_id: str, epoch: int, *, agent_reregister_window_s: float = 60.0,
+                 heartbeat_interval_ms: int = 1000,
+                 recovered_registry: Mapping[str, object] | None = None,
+                 max_completed_tasks: int = MAX_COMPLETED_TASKS,
+                 now: float | None = None) -> None:
+        super().__init__(master_id, epoch, agent_reregister_window_s=agent_reregister_window_s,
+                         heartbeat_interval_ms=heartbeat_interval_ms,
+                         max_completed_tasks=max_completed_tasks)
+        self._offer_prefix: str | None = None
+        if recovered_registry:
+            self._recover(recovered_registry)
+        if now is not None:  # else the first call's `now` starts the clocks
+            self._begin(now)
+
+    def _recover(self, doc: Mapping[str, object]) -> None:
+        """Rebuild what the registry holds; tasks come back with their agents."""
+        for aid, entry in _section(doc, "agents").items():
+            status = _STATUS_OF.get(str(entry.get("status", "")))
+            if status == REGISTERED:
+                self.recovering[aid] = dict(entry)
+            elif status is not None:
+                since = _num(entry.get("since_us")) / 1e6
+                self.agents[aid] = Agent(
+                    aid, common_pb2.AgentInfo(agent_id=aid,
+                                              hostname=str(entry.get("hostname", ""))),
+                    status, Resources(), status_since=since,
+                    unreachable_since=since if status == UNREACHABLE else 0.0)
+        for fid, entry in _section(doc, "frameworks").items():
+            timeout = _num(entry.get("failover_timeout_s"))
+            info = common_pb2.FrameworkInfo(
+                framework_id=fid, name=str(entry.get("name", "")),
+                role=str(entry.get("role", "")) or UNRESERVED,
+                principal=str(entry.get("principal", "")),
+                failover_timeout_s=timeout if timeout >= 0 else 0.0)
+            self.frameworks[fid] = Framework(
+                fid, info, registered_at=_num(entry.get("registered_at_us")) / 1e6)
+        for role, entry in _section(doc, "roles").items():
+            weight = _num(entry.get("weight"))
+            if weight > 0:
+                self.roles[role] = state_pb2.RoleRecord(role=role, weight=weight)
+
+    # -- public API --------------------------------------------------------------------
+    def agent_call(self, peer: bytes, call: agent_pb2.AgentCall, now: float,
+                   message_id: str = "") -> list[Command]:
+        self._begin(now)
+        return self._end(self._agent_call(peer, call, message_id))
+
+    def scheduler_call(self, peer: bytes, call: scheduler_pb2.SchedulerCall, message_id: str,
+                       now: float, traceparent: str = "") -> list[Command]:
+        self._begin(now)
+        return self._end(self._scheduler_call(peer, call, message_id, traceparent))
+
+    def broker_connected(self, peer: bytes, offer_prefix: str | None = None,
+                         now: float | None = None) -> list[Command]:
+        """The broker (re)connected on `peer`. `offer_prefix`: its offer-id prefix (its
+        epoch); offers relayed from an older broker are then rescinded to frameworks."""
+        if now is not None:
+            self._begin(now)
+        self.broker = peer
+        if offer_prefix is None or offer_prefix == self._offer_prefix:
+            return self._end([])
+        self._offer_prefix = offer_prefix
+        stale: dict[str, list[str]] = {}
+        for fw in self.frameworks.values():
+            for oid in [o for o in fw.offers if not o.startswith(f"{offer_prefix}-")]:
+                del fw.offers[oid]
+                stale.setdefault(fw.framework_id, []).append(oid)
+                self._touch("framework", fw.framework_id)
+        out: list[Command] = []
+        for fid, ids in sorted(stale.items()):
+            fw = self.frameworks[fid]
+            if fw.peer is not None:
+                out.append(ToFramework(fw.peer, fid, Event(rescind=Event.Rescind(
+                    offer_ids=sorted(ids),
+                    reason=common_pb2.RescindReason.RESCIND_REASON_BROKER_FAILOVER,
+                    message="the offer broker failed over"))))
+        return self._end(out)
+
+    def internal_message(self, peer: bytes, msg: internal_pb2.InternalMessage, now: float,
+                         traceparent: str = "", message_id: str = "") -> list[Command]:
+        """From the broker (the shell passes only broker/allocator-role senders)."""
+        self._begin(now)
+        self.broker = peer
+        kind = msg.WhichOneof("kind")
+        out: list[Command]
+        if kind == "framework_event":
+            out = self._framework_event(msg.framework_event, traceparent)
+        elif kind == "launch_request":
+            out = self._launch(msg.launch_request, traceparent)
+        elif kind == "allocator_decisions":
+            for d in msg.allocator_decisions.decisions:
+                if d.framework_id in self.frameworks:
+                    self.decisions[d.framework_id] = d
+                    self._touch("decision", d.framework_id)
+            out = []
+        else:
+            out = [Reject(peer, bus_pb2.UNEXPECTED, f"the master does not take {kind!r} "
+                          "internal messages", message_id, channel="internal")]
+        return self._end(out)
+
+    def operator_call(self, peer: bytes, call: operator_pb2.OperatorCall, message_id: str,
+                      now: float) -> list[Command]:
+        self._begin(now)
+        return self._end(self._operator_call(peer, call, message_id))
+
+    def peer_gone(self, peer: bytes, now: float) -> list[Command]:
+        """The bus says `peer` missed its heartbeats."""
+        self._begin(now)
+        out: list[Command] = []
+        if peer in self.agent_peers:
+            agent = self.agents[self.agent_peers[peer]]
+            out += self._agent_unreachable(agent, f"agent {agent.agent_id} missed heartbeats")
+        if peer in self.framework_peers:
+            out += self._framework_disconnected(self.frameworks[self.framework_peers[peer]])
+        if peer == self.broker:
+            self.broker = b""
+        for rid in [r for r, req in self.log_requests.items() if req.peer == peer]:
+            del self.log_requests[rid]
+        return self._end(out)
+
+    def tick(self, now: float) -> list[Command]:
+        """Timers: framework failover timeouts, the agent re-register window after a master
+        failover, unanswered log requests."""
+        self._begin(now)
+        out: list[Command] = []
+        for fw in sorted(self.frameworks.values(), key=lambda f: f.framework_id):
+            if not fw.connected and now >= fw.disconnected_at + fw.info.failover_timeout_s:
+                out += self._remove_framework(fw, "failover timeout passed")
+        assert self.started_at is not None
+        if self.recovering and now >= self.started_at + self.agent_reregister_window_s:
+            for aid, entry in sorted(self.recovering.items()):
+                del self.recovering[aid]
+                self.agents[aid] = Agent(
+                    aid, common_pb2.AgentInfo(agent_id=aid,
+                                              hostname=str(entry.get("hostname", ""))),
+                    UNREACHABLE, Resources(), status_since=now, unreachable_since=now)
+                self._touch("agent", aid)
+            self._registry_changed()
+        for rid, req in list(self.log_requests.items()):
+            if now >= req.created_at + LOGS_TIMEOUT_S:
+                del self.log_requests[rid]
+                out.append(logs_error(req.peer, req.task_id, req.stream,
+                                      f"agent {req.agent_id} did not answer", req.message_id))
+        return self._end(out)
+
+    def next_deadline(self) -> float | None:
+        """When `tick` has something to do next (None: nothing pending)."""
+        times = [fw.disconnected_at + fw.info.failover_timeout_s
+                 for fw in self.frameworks.values() if not fw.connected]
+        if self.recovering and self.started_at is not None:
+            times.append(self.started_at + self.agent_reregister_window_s)
+        times += [r.created_at + LOGS_TIMEOUT_S for r in self.log_requests.values()]
+        return min(times, default=None)
+
+    # -- broker ------------------------------------------------------------------------
+    def _framework_event(self, fe: Internal.FrameworkEvent, traceparent: str,
+                         ) -> list[Command]:
+        fw = self.frameworks.get(fe.framework_id)
+        ev = fe.event
+        kind = ev.WhichOneof("event")
+        if kind == "offers":
+            if fw is None or fw.peer is None:  # nobody to offer to: give them back now
+                ids = [o.offer_id for o in ev.offers.offers]
+                return [self._decline(fe.framework_id, ids, "framework not connected")] \
+                    if ids else []
+            for o in ev.offers.offers:
+                try:
+                    res = parse_resources(o.resources)
+                except ValueError:
+                    res = Resources()
+                fw.offers[o.offer_id] = (o.agent_id, res)
+            self._touch("framework", fw.framework_id)
+        elif kind in ("rescind", "accept_rejected"):
+            if fw is not None:
+                self._offers_done(fw, ev.rescind.offer_ids if kind == "rescind"
+                                  else ev.accept_rejected.offer_ids)
+        else:
+            return [Reject(self.broker, bus_pb2.UNEXPECTED, f"framework event {kind!r} is "
+                           "not the broker's to send", channel="internal")]
+        if fw is None or fw.peer is None:
+            return []
+        return [ToFramework(fw.peer, fw.framework_id, ev, traceparent)]
+
+    def _launch(self, req: Internal.LaunchRequest, traceparent: str) -> list[Command]:
+        """Re-validate a broker-validated ACCEPT against the master's own view and launch it
+        all or nothing: one RunTasks to the agent, one LaunchResult to the broker."""
+        launches: list[common_pb2.TaskInfo] = [
+            t for op in req.operations if op.WhichOneof("operation") == "launch"
+            for t in op.launch.tasks]
+        task_ids = list(dict.fromkeys(t.task_id for t in launches))
+        fw = self.frameworks.get(req.framework_id)
+        try:
+            agent, total, used = self._check_launch(req, fw)
+        except _Refused as no:
+            if fw is not None:
+                state = tasks.ERROR if no.reason == RejectReason.REJECT_REASON_TASK_INVALID \
+                    else tasks.DROPPED
+                for tid in task_ids:
+                    if (req.framework_id, tid) in self.tasks and not tasks.is_terminal(
+                            self.tasks[(req.framework_id, tid)].state):
+                        continue  # a live task has this id: do not tell it ended
+                    self._notify(fw.framework_id, self._status(
+                        tid, state, no.task_reason, no.message, req.agent_id))
+            return [self._to_broker(Internal(launch_result=Internal.LaunchResult(
+                request_id=req.request_id, accepted=False, reason=no.reason,  # type: ignore[arg-type]
+                message=no.message, task_ids=task_ids)), traceparent)]
+        assert fw is not None
+        if not (agent.total.contains(total) and total.contains(agent.total)):
+            agent.total = total  # reservations made by this ACCEPT
+            self._touch("agent", agent.agent_id)
+        run = agent_pb2.AgentEvent.RunTasks(frameworks=[fw.info])
+        for t, res in zip(launches, used, strict=True):
+            info = common_pb2.TaskInfo()
+            info.CopyFrom(t)
+            info.agent_id = agent.agent_id
+            st = self._status(t.task_id, tasks.STAGING, Reason.REASON_UNSPECIFIED, "",
+                              agent.agent_id)
+            self._add_task(Task(fw.framework_id, agent.agent_id, info, st, res, self._now,
+                                traceparent, tuple(req.offer_ids)))
+            run.launches.append(agent_pb2.AgentEvent.RunTasks.Launch(
+                framework_id=fw.framework_id, task=info, traceparent=traceparent,
+                offer_ids=req.offer_ids))
+        self._offers_done(fw, req.offer_ids)
+        out: list[Command] = []
+        if launches:
+            out.append(ToAgent(agent.peer or b"", agent.agent_id,
+                               agent_pb2.AgentEvent(run_tasks=run), traceparent))
+        out.append(self._to_broker(Internal(launch_result=Internal.LaunchResult(
+            request_id=req.request_id, accepted=True, task_ids=task_ids)), traceparent))
+        return out
+
+    def _check_launch(self, req: Internal.LaunchRequest, fw: Framework | None,
+                      ) -> tuple[Agent, Resources, list[Resources]]:
+        """(agent, its total after the ACCEPT's reservations, each task's resources), or
+        _Refused with the reason the broker and the framework are told."""
+        if fw is None or fw.peer is None:
+            raise _Refused(RejectReason.REJECT_REASON_FRAMEWORK_INACTIVE,
+                           f"framework {req.framework_id} is not subscribed",
+                           Reason.REASON_UNSPECIFIED)
+        agent = self.agents.get(req.agent_id)
+        if agent is None or not agent.reachable:
+            raise _Refused(RejectReason.REJECT_REASON_AGENT_UNAVAILABLE,
+                           f"agent {req.agent_id} is not registered and reachable",
+                           Reason.REASON_AGENT_UNREACHABLE)
+
+        def invalid(why: str) -> _Refused:
+            return _Refused(RejectReason.REJECT_REASON_TASK_INVALID, why,
+                            Reason.REASON_TASK_INVALID)
+
+        total, free = agent.total, agent.free()
+        seen: set[str] = set()
+        used: list[Resources] = []
+        for i, op in enumerate(req.operations):
+            kind = op.WhichOneof("operation")
+            if kind == "launch":
+                batch = []
+                for t in op.launch.tasks:
+                    tid = t.task_id
+                    if not tid or "/" in tid or tid in seen:
+                        raise invalid(f"task id {tid!r} is empty, has '/', or is repeated")
+                    seen.add(tid)
+                    old = self.tasks.get((fw.framework_id, tid))
+                    if old is not None and not tasks.is_terminal(old.state):
+                        raise invalid(f"task id {tid!r} is already in use by a live task")
+                    if t.agent_id and t.agent_id != agent.agent_id:
+                        raise invalid(f"task {tid!r} names agent {t.agent_id!r}")
+                    try:
+                        res = parse_resources(t.resources)
+                    except ValueError as exc:
+                        raise invalid(f"task {tid!r} has invalid resources: {exc}") from exc
+                    if not res:
+                        raise invalid(f"task {tid!r} has no resources")
+                    batch.append(res)
+                need = total_of(batch)
+                if not free.contains(need):
+                    raise _Refused(RejectReason.REJECT_REASON_AGENT_INSUFFICIENT,
+                                   f"operation {i}: tasks need {need}, agent {agent.agent_id} "
+                                   f"has {free} free", Reason.REASON_RESOURCES_UNKNOWN)
+                free = free - need
+                used += batch
+            elif kind in ("reserve", "unreserve"):
+                items = op.reserve.resources if kind == "reserve" else op.unreserve.resources
+                try:
+                    res = parse_resources(items)
+                except ValueError as exc:
+                    raise invalid(f"operation {i} ({kind}): invalid resources: {exc}") from exc
+                roles = {k[1] for k in (*res.scalars, *res.ranges, *res.sets)}
+                if not res or roles != {fw.role} or fw.role == UNRESERVED:
+                    raise _Refused(RejectReason.REJECT_REASON_UNAUTHORIZED,
+                                   f"operation {i} ({kind}): resources must be reserved for "
+                                   f"the framework's role {fw.role!r}",
+                                   Reason.REASON_TASK_UNAUTHORIZED)
+                take, give = ((with_role(res, UNRESERVED), res) if kind == "reserve"
+                              else (res, with_role(res, UNRESERVED)))
+                if not free.contains(take):
+                    raise _Refused(RejectReason.REJECT_REASON_AGENT_INSUFFICIENT,
+                                   f"operation {i} ({kind}): {take} not free on agent "
+                                   f"{agent.agent_id} ({free})", Reason.REASON_RESOURCES_UNKNOWN)
+                free, total = free - take + give, total - take + give
+            else:
+                raise invalid(f"operation {i} has no kind")
+        return agent, total, used
+
+    # -- operator ----------------------------------------------------------------------
+    def _operator_call(self, peer: bytes, call: operator_pb2.OperatorCall, message_id: str,
+                       ) -> list[Command]:
+        kind = call.WhichOneof("call")
+
+        def reject(code: int, why: str) -> list[Command]:
+            return [Reject(peer, code, why, message_id)]
+
+        def done(what: str) -> ToOperator:
+            return ToOperator(peer, operator_pb2.OperatorEvent(
+                done=operator_pb2.OperatorEvent.Done(message=what)), message_id)
+
+        if kind == "kill_task":
+            k = call.kill_task
+            task, why = self._find_task(k.framework_id, k.task_id)
+            if task is None:
+                return reject(bus_pb2.NOT_FOUND if why.endswith("unknown") else bus_pb2.INVALID,
+                              why)
+            if tasks.is_terminal(task.state):
+                return [done(f"task {k.task_id} already ended ({tasks.name(task.state)})")]
+            grace = k.kill_grace_period_s if k.HasField("kill_grace_period_s") else None
+            return [*self._kill(task, grace), done(f"kill of task {k.task_id} sent to agent "
+                                                    f"{task.agent_id}")]
+        if kind == "get_logs":
+            g = call.get_logs
+            task, why = self._find_task(g.framework_id, g.task_id)
+            if task is None:
+                return [logs_error(peer, g.task_id, g.stream, why, message_id)]
+            agent = self.agents.get(task.agent_id)
+            if agent is None or agent.peer is None or not agent.reachable:
+                return [logs_error(peer, g.task_id, g.stream,
+                                   f"agent {task.agent_id} is not reachable", message_id)]
+            rid = self._new_id("logs", "L", self.log_requests)
+            self.log_requests[rid] = LogRequest(peer, message_id, agent.agent_id, g.task_id,
+                                                g.stream, self._now)
+            return [ToAgent(agent.peer, agent.agent_id, agent_pb2.AgentEvent(
+                logs_request=agent_pb2.AgentEvent.LogsRequest(
+                    request_id=rid, framework_id=task.framework_id, task_id=g.task_id,
+                    stream=g.stream, tail_lines=g.tail_lines, max_bytes=g.max_bytes)))]
+        if kind == "mark_agent_gone":
+            aid = call.mark_agent_gone.agent_id
+            agent = self.agents.get(aid)
+            if agent is None:
+                return reject(bus_pb2.NOT_FOUND, f"agent {aid!r} is unknown"
+                              + (" (still within its re-register window)"
+                                 if aid in self.recovering else ""))
+            if agent.status != UNREACHABLE:
+                return reject(bus_pb2.INVALID, f"agent {aid} is "
+                              f"{state_pb2.AgentRecord.Status.Name(agent.status)}; only an "
+                              "unreachable agent can be marked gone")
+            out = self._agent_gone(agent, tasks.GONE_BY_OPERATOR,
+                                   Reason.REASON_AGENT_REMOVED_BY_OPERATOR,
+                                   f"agent {aid} was marked gone by an operator")
+            return [*out, done(f"agent {aid} marked gone")]
+        if kind == "set_weight":
+            sw = call.set_weight
+            if not sw.role or "/" in sw.role or math.isnan(sw.weight) \
+                    or math.isinf(sw.weight) or sw.weight <= 0:
+                return reject(bus_pb2.INVALID, "set_weight needs a role (no '/') and a finite "
+                              "weight > 0")
+            self.roles[sw.role] = state_pb2.RoleRecord(role=sw.role, weight=sw.weight)
+            self._touch("role", sw.role)
+            self._registry_changed()
+            return [done(f"role {sw.role} weight {sw.weight:g}")]
+        return reject(bus_pb2.UNKNOWN_PAYLOAD, "OperatorCall carries no call")
+
+    def _find_task(self, framework_id: str, task_id: str) -> tuple[Task | None, str]:
+        if framework_id:
+            task = self.tasks.get((framework_id, task_id))
+            return (task, "") if task else (None, f"task {framework_id}/{task_id} is unknown")
+        owners = sorted(self._owners(task_id))
+        if len(owners) > 1:
+            return None, f"task id {task_id!r} is ambiguous (frameworks {owners}); name one"
+        if not owners:
+            return None, f"task {task_id!r} is unknown"
+        return self.tasks[(owners[0], task_id)], ""
+
+
+def _section(doc: Mapping[str, object], name: str) -> dict[str, Mapping[str, object]]:
+    part = doc.get(name)
+    if not isinstance(part, Mapping):
+        return {}
+    return {str(k): v for k, v in part.items() if isinstance(v, Mapping)}
+
+
+def _num(x: object) -> float:
+    if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x):
+        return float(x)
+    return 0.0

@@ -1,0 +1,584 @@
+"""The master's tables (agents, frameworks, task records, roles, peers) and the helpers every
+handler shares: task state changes, batched Updates, the state stream's Publish, the registry.
+
+Handlers (agents.py, frameworks.py, core.py) only mutate through these helpers, so one call in
+gives few commands out: one Update per framework, one Publish, at most one PersistRegistry."""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TypeAlias
+
+from schemas import (
+    agent_pb2,
+    bus_pb2,
+    common_pb2,
+    internal_pb2,
+    operator_pb2,
+    scheduler_pb2,
+    state_pb2,
+)
+from services import tasks
+from services.master.commands import (
+    Command,
+    PersistRegistry,
+    Publish,
+    ToAgent,
+    ToBroker,
+    ToFramework,
+    ToOperator,
+)
+from services.resources import UNRESERVED, Resources
+
+AgentStatus = state_pb2.AgentRecord.Status
+Status: TypeAlias = state_pb2.AgentRecord.Status.ValueType
+REGISTERED = AgentStatus.AGENT_STATUS_REGISTERED
+UNREACHABLE = AgentStatus.AGENT_STATUS_UNREACHABLE
+GONE = AgentStatus.AGENT_STATUS_GONE
+STATUS_NAMES: dict[Status, str] = {REGISTERED: "registered", UNREACHABLE: "unreachable",
+                                   GONE: "gone"}
+Reason = common_pb2.TaskStatus.Reason
+ReasonT: TypeAlias = common_pb2.TaskStatus.Reason.ValueType
+PARTITION_AWARE = common_pb2.FrameworkInfo.Capability.CAPABILITY_PARTITION_AWARE
+TaskKey = tuple[str, str]  # (framework_id, task_id)
+
+MAX_COMPLETED_TASKS = 1000  # terminal task records kept per framework (Mesos keeps 1000)
+MAX_REMOVED_FRAMEWORKS = 10_000  # ids remembered so their stragglers are shut down
+LOGS_TIMEOUT_S = 60.0  # a log request unanswered this long is answered with an error
+
+
+def us(t: float) -> int:
+    return int(t * 1_000_000)
+
+
+def parse_resources(items: Iterable[common_pb2.Resource]) -> Resources:
+    """Resources of a peer's message, zero entries dropped; ValueError when malformed."""
+    try:
+        return Resources.from_proto(items) - Resources()
+    except OverflowError as exc:  # an infinite scalar
+        raise ValueError(f"resource out of range: {exc}") from exc
+
+
+def total_of(rs: Iterable[Resources]) -> Resources:
+    out = Resources()
+    for r in rs:
+        out += r
+    return out
+
+
+def with_role(r: Resources, role: str) -> Resources:
+    """The same quantities under `role` (UNRESERVED to strip a reservation)."""
+    out = Resources()
+    for (n, _), v in r.scalars.items():
+        out += Resources({(n, role): v})
+    for (n, _), rs in r.ranges.items():
+        out += Resources(ranges={(n, role): rs})
+    for (n, _), items in r.sets.items():
+        out += Resources(sets={(n, role): items})
+    return out
+
+
+def same(a: Resources, b: Resources) -> bool:
+    return a.contains(b) and b.contains(a)
+
+
+# -- records -------------------------------------------------------------------------------
+
+
+@dataclass
+class Agent:
+    agent_id: str
+    info: common_pb2.AgentInfo
+    status: Status
+    total: Resources
+    status_since: float  # when `status` was entered (the registry's since_us)
+    registered_at: float = 0.0
+    peer: bytes | None = None
+    used: Resources = field(default_factory=Resources)
+    last_seen: float = 0.0
+    unreachable_since: float = 0.0
+    tasks: set[TaskKey] = field(default_factory=set)  # its non-terminal tasks
+
+    @property
+    def reachable(self) -> bool:
+        return self.status == REGISTERED and self.peer is not None
+
+    def free(self) -> Resources:
+        return self.total - self.used
+
+    def record(self) -> state_pb2.AgentRecord:
+        info = common_pb2.AgentInfo()
+        info.CopyFrom(self.info)
+        del info.resources[:]
+        info.resources.extend(self.total.to_proto())
+        return state_pb2.AgentRecord(
+            agent_info=info, status=self.status, used_resources=self.used.to_proto(),
+            registered_at_us=us(self.registered_at), last_seen_us=us(self.last_seen),
+            unreachable_since_us=us(self.unreachable_since))
+
+
+@dataclass
+class Framework:
+    framework_id: str
+    info: common_pb2.FrameworkInfo
+    registered_at: float
+    peer: bytes | None = None
+    disconnected_at: float = 0.0
+    suppressed_roles: set[str] = field(default_factory=set)
+    # Offers relayed to it and not yet used, declined or rescinded: id -> (agent, resources).
+    offers: dict[str, tuple[str, Resources]] = field(default_factory=dict)
+    used: Resources = field(default_factory=Resources)
+    tasks: set[str] = field(default_factory=set)  # non-terminal task ids
+    completed: OrderedDict[str, None] = field(default_factory=OrderedDict)  # oldest first
+
+    @property
+    def connected(self) -> bool:
+        return self.peer is not None
+
+    @property
+    def role(self) -> str:
+        return self.info.role or UNRESERVED
+
+    @property
+    def partition_aware(self) -> bool:
+        return PARTITION_AWARE in self.info.capabilities
+
+    def record(self) -> state_pb2.FrameworkRecord:
+        return state_pb2.FrameworkRecord(
+            framework_info=self.info, connected=self.connected,
+            registered_at_us=us(self.registered_at),
+            disconnected_at_us=0 if self.connected else us(self.disconnected_at),
+            suppressed_roles=sorted(self.suppressed_roles),
+            offered_resources=total_of(r for _, r in self.offers.values()).to_proto(),
+            used_resources=self.used.to_proto())
+
+
+@dataclass
+class Task:
+    framework_id: str
+    agent_id: str
+    info: common_pb2.TaskInfo
+    status: common_pb2.TaskStatus
+    resources: Resources
+    launched_at: float
+    traceparent: str = ""
+    offer_ids: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> TaskKey:
+        return (self.framework_id, self.info.task_id)
+
+    @property
+    def state(self) -> tasks.State:
+        return self.status.state
+
+    def record(self) -> state_pb2.TaskRecord:
+        return state_pb2.TaskRecord(
+            framework_id=self.framework_id, agent_id=self.agent_id, task_info=self.info,
+            status=self.status, launched_at_us=us(self.launched_at),
+            traceparent=self.traceparent, offer_ids=self.offer_ids)
+
+
+@dataclass
+class LogRequest:
+    """A GetLogs relayed to an agent, waiting for its LogsReply parts."""
+
+    peer: bytes
+    message_id: str
+    agent_id: str
+    task_id: str
+    stream: agent_pb2.LogStream.ValueType
+    created_at: float
+
+
+# Dirty-set keys: ("agent", id), ("framework", id), ("task", fid, tid), ("role", role),
+# ("decision", fid). Resolved against the tables when a call ends: present -> value,
+# absent -> deleted.
+Dirty = tuple[str, ...]
+
+
+class MasterState:
+    """The tables, and the helpers that keep them, the stream and the registry in step."""
+
+    def __init__(self, master_id: str, epoch: int, *, agent_reregister_window_s: float,
+                 heartbeat_interval_ms: int, max_completed_tasks: int) -> None:
+        self.master_id = master_id
+        self.epoch = epoch
+        self.agent_reregister_window_s = agent_reregister_window_s
+        self.heartbeat_interval_ms = heartbeat_interval_ms
+        self.max_completed_tasks = max_completed_tasks
+        self.agents: dict[str, Agent] = {}
+        self.frameworks: dict[str, Framework] = {}
+        self.tasks: dict[TaskKey, Task] = {}
+        self.roles: dict[str, state_pb2.RoleRecord] = {}
+        self.decisions: dict[str, internal_pb2.AllocatorDecision] = {}
+        # After a master failover: registry agents not re-registered yet (id -> entry).
+        self.recovering: dict[str, dict[str, object]] = {}
+        self.removed_frameworks: OrderedDict[str, None] = OrderedDict()
+        self.agent_peers: dict[bytes, str] = {}
+        self.framework_peers: dict[bytes, str] = {}
+        self.broker: bytes = b""
+        self.log_requests: dict[str, LogRequest] = {}
+        self.started_at: float | None = None
+        self.anomalies: list[str] = []  # input ignored or corrected, for the shell to count
+        self._task_ids: dict[str, set[str]] = {}  # task_id -> framework ids having it
+        self._seq = {"agent": 0, "framework": 0, "logs": 0}
+        # Per call:
+        self._now = 0.0
+        self._dirty: dict[Dirty, None] = {}
+        self._registry_dirty = False
+        self._updates: dict[str, list[common_pb2.TaskStatus]] = {}
+
+    # -- per-call bookkeeping ----------------------------------------------------------
+    def _begin(self, now: float) -> None:
+        self._now = now
+        if self.started_at is None:
+            self.started_at = now
+            for fw in self.frameworks.values():
+                if not fw.connected and not fw.disconnected_at:
+                    fw.disconnected_at = now  # recovered: its failover clock starts now
+
+    def _end(self, out: list[Command]) -> list[Command]:
+        head: list[Command] = []
+        if self._registry_dirty:
+            head.append(PersistRegistry(self.registry_document()))
+        for fid, statuses in self._updates.items():
+            fw = self.frameworks.get(fid)
+            if fw is not None and fw.peer is not None and statuses:
+                out.append(ToFramework(fw.peer, fid, scheduler_pb2.SchedulerEvent(
+                    update=scheduler_pb2.SchedulerEvent.Update(statuses=statuses))))
+        entries = [self._entry(k) for k in self._dirty]
+        if entries:
+            out.append(Publish(entries))
+        self._dirty = {}
+        self._registry_dirty = False
+        self._updates = {}
+        return head + out
+
+    def _touch(self, *key: str) -> None:
+        self._dirty[key] = None
+
+    def _entry(self, key: Dirty) -> bus_pb2.StateEntry:
+        kind = key[0]
+        value = state_pb2.StateValue()
+        if kind == "agent" and key[1] in self.agents:
+            value.agent.CopyFrom(self.agents[key[1]].record())
+        elif kind == "framework" and key[1] in self.frameworks:
+            value.framework.CopyFrom(self.frameworks[key[1]].record())
+        elif kind == "task" and (key[1], key[2]) in self.tasks:
+            value.task.CopyFrom(self.tasks[(key[1], key[2])].record())
+        elif kind == "role" and key[1] in self.roles:
+            value.role.CopyFrom(self.roles[key[1]])
+        elif kind == "decision" and key[1] in self.decisions:
+            value.decision.CopyFrom(self.decisions[key[1]])
+        else:
+            return bus_pb2.StateEntry(key=self._key(key), deleted=True)
+        return bus_pb2.StateEntry(key=self._key(key), value=value)
+
+    @staticmethod
+    def _key(key: Dirty) -> str:
+        prefix = {"agent": "agents", "framework": "frameworks", "task": "tasks",
+                  "role": "roles", "decision": "decisions"}[key[0]]
+        return "/".join((prefix, *key[1:]))
+
+    def snapshot_entries(self) -> list[bus_pb2.StateEntry]:
+        """The whole state, for a fresh publisher (after a failover, or a restart)."""
+        keys: list[Dirty] = [("agent", a) for a in sorted(self.agents)]
+        keys += [("framework", f) for f in sorted(self.frameworks)]
+        keys += [("task", f, t) for f, t in sorted(self.tasks)]
+        keys += [("role", r) for r in sorted(self.roles)]
+        keys += [("decision", f) for f in sorted(self.decisions)]
+        return [self._entry(k) for k in keys]
+
+    # -- registry --------------------------------------------------------------------------
+    def registry_document(self) -> dict[str, object]:
+        """The small persisted registry: agents (registered/unreachable/gone), frameworks,
+        role weights. Recovering agents keep the entry they had."""
+        agents: dict[str, object] = dict(self.recovering)
+        for a in self.agents.values():
+            agents[a.agent_id] = {"status": STATUS_NAMES.get(a.status, "registered"),
+                                  "hostname": a.info.hostname, "since_us": us(a.status_since)}
+        frameworks: dict[str, object] = {
+            f.framework_id: {"name": f.info.name, "role": f.info.role,
+                             "principal": f.info.principal,
+                             "failover_timeout_s": f.info.failover_timeout_s,
+                             "registered_at_us": us(f.registered_at)}
+            for f in self.frameworks.values()}
+        roles: dict[str, object] = {r: {"weight": rec.weight} for r, rec in self.roles.items()}
+        return {"agents": dict(sorted(agents.items())),
+                "frameworks": dict(sorted(frameworks.items())),
+                "roles": dict(sorted(roles.items()))}
+
+    def _registry_changed(self) -> None:
+        self._registry_dirty = True
+
+    # -- ids and peers ---------------------------------------------------------------------
+    def _new_id(self, kind: str, letter: str, taken: Iterable[str]) -> str:
+        used = set(taken)
+        while True:
+            self._seq[kind] += 1
+            candidate = f"{self.master_id}-{letter}{self._seq[kind]}"
+            if candidate not in used:
+                return candidate
+
+    def _bind_agent(self, agent: Agent, peer: bytes) -> None:
+        if agent.peer is not None and agent.peer != peer:
+            self.agent_peers.pop(agent.peer, None)
+        agent.peer = peer
+        self.agent_peers[peer] = agent.agent_id
+
+    def _unbind_agent(self, agent: Agent) -> None:
+        if agent.peer is not None:
+            self.agent_peers.pop(agent.peer, None)
+        agent.peer = None
+
+    def _bind_framework(self, fw: Framework, peer: bytes) -> None:
+        if fw.peer is not None and fw.peer != peer:
+            self.framework_peers.pop(fw.peer, None)
+        fw.peer = peer
+        self.framework_peers[peer] = fw.framework_id
+
+    def _unbind_framework(self, fw: Framework) -> None:
+        if fw.peer is not None:
+            self.framework_peers.pop(fw.peer, None)
+        fw.peer = None
+
+    # -- broker ----------------------------------------------------------------------------
+    def _to_broker(self, msg: internal_pb2.InternalMessage, traceparent: str = "") -> ToBroker:
+        return ToBroker(self.broker, msg, traceparent)
+
+    def _offers_done(self, fw: Framework, offer_ids: Iterable[str]) -> None:
+        """These offers are used, declined or rescinded: no longer outstanding."""
+        popped = [fw.offers.pop(i, None) for i in offer_ids]
+        if any(p is not None for p in popped):
+            self._touch("framework", fw.framework_id)
+
+    def _give_back_offers(self, fw: Framework) -> list[Command]:
+        """The framework's connection ended (disconnect, failover, removal): decline every
+        offer relayed to it with no filter, so the broker recovers them now, not at expiry."""
+        if not fw.offers:
+            return []
+        ids = sorted(fw.offers)
+        fw.offers.clear()
+        self._touch("framework", fw.framework_id)
+        return [self._decline(fw.framework_id, ids, "the framework's scheduler disconnected")]
+
+    def _decline(self, framework_id: str, offer_ids: list[str], why: str) -> ToBroker:
+        call = scheduler_pb2.SchedulerCall(
+            framework_id=framework_id, decline=scheduler_pb2.SchedulerCall.Decline(
+                offer_ids=offer_ids, filters=common_pb2.Filters(refuse_seconds=0.0),
+                reason=why))
+        return self._to_broker(internal_pb2.InternalMessage(
+            framework_call=internal_pb2.InternalMessage.FrameworkCall(
+                framework_id=framework_id, call=call)))
+
+    # -- tasks -----------------------------------------------------------------------------
+    def _status(self, task_id: str, state: tasks.State, reason: ReasonT, message: str,
+                agent_id: str = "", source: int = common_pb2.TaskStatus.SOURCE_MASTER,
+                ) -> common_pb2.TaskStatus:
+        return common_pb2.TaskStatus(
+            task_id=task_id, state=state, reason=reason, message=message, agent_id=agent_id,
+            source=source,  # type: ignore[arg-type]
+            timestamp_us=us(self._now))
+
+    def _notify(self, framework_id: str, status: common_pb2.TaskStatus) -> bool:
+        """Queue `status` (as the framework may see it) for the call's batched Update.
+        Returns False when the framework is not connected: nothing is sent."""
+        fw = self.frameworks.get(framework_id)
+        if fw is None or not fw.connected:
+            return False
+        seen = tasks.as_seen_by(status.state, fw.partition_aware)
+        if seen != status.state:
+            status = _copy(status)
+            status.state = seen
+        self._updates.setdefault(framework_id, []).append(status)
+        return True
+
+    def _add_task(self, task: Task) -> None:
+        """A new record (launch, or an agent's report). Non-terminal ones hold resources."""
+        tasks.check_storable(task.state)
+        old = self.tasks.get(task.key)
+        if old is not None:  # a reused id of a completed task (Mesos allows it)
+            assert tasks.is_terminal(old.state), f"task {task.key} recorded twice"
+            self._forget_task(old)
+        self.tasks[task.key] = task
+        self._task_ids.setdefault(task.info.task_id, set()).add(task.framework_id)
+        fw = self.frameworks[task.framework_id]
+        if tasks.is_terminal(task.state):
+            self._complete(fw, task)
+        else:
+            fw.tasks.add(task.info.task_id)
+            fw.used += task.resources
+            agent = self.agents[task.agent_id]
+            agent.tasks.add(task.key)
+            agent.used += task.resources
+            self._touch("agent", task.agent_id)
+        self._touch("framework", task.framework_id)
+        self._touch("task", *task.key)
+
+    def _set_status(self, task: Task, status: common_pb2.TaskStatus, *,
+                    checked: bool = True) -> None:
+        """Make `status` the task's latest. `checked`: through the state machine (raises
+        IllegalTransition); else any storable state (an agent's report). Ending releases."""
+        if checked:
+            tasks.transition(task.state, status.state)
+        else:
+            tasks.check_storable(status.state)
+        ended = not tasks.is_terminal(task.state) and tasks.is_terminal(status.state)
+        assert not (tasks.is_terminal(task.state) and not tasks.is_terminal(status.state)), \
+            f"task {task.key} would leave a terminal state"
+        if not status.agent_id:
+            status = _copy(status)
+            status.agent_id = task.agent_id
+        task.status = status
+        self._touch("task", *task.key)
+        if ended:
+            self._release(task)
+
+    def _end_task(self, task: Task, state: tasks.State, reason: ReasonT, message: str,
+                  notify: bool = True, unreachable_since: float = 0.0) -> None:
+        """A master-generated state (LOST, DROPPED, GONE..., UNREACHABLE), told to the
+        framework (translated for non-partition-aware ones)."""
+        st = self._status(task.info.task_id, state, reason, message, task.agent_id)
+        st.executor_id = task.status.executor_id
+        st.container_id = task.status.container_id
+        if unreachable_since:
+            st.unreachable_since_us = us(unreachable_since)
+        self._set_status(task, st)
+        if notify:
+            self._notify(task.framework_id, st)
+
+    def _release(self, task: Task) -> None:
+        fw = self.frameworks[task.framework_id]
+        fw.tasks.discard(task.info.task_id)
+        fw.used -= task.resources
+        agent = self.agents.get(task.agent_id)
+        if agent is not None and task.key in agent.tasks:
+            agent.tasks.discard(task.key)
+            agent.used -= task.resources
+            self._touch("agent", agent.agent_id)
+        self._touch("framework", task.framework_id)
+        self._complete(fw, task)
+
+    def _complete(self, fw: Framework, task: Task) -> None:
+        fw.completed[task.info.task_id] = None
+        fw.completed.move_to_end(task.info.task_id)
+        while len(fw.completed) > self.max_completed_tasks:
+            oldest, _ = fw.completed.popitem(last=False)
+            self._forget_task(self.tasks[(fw.framework_id, oldest)])
+
+    def _forget_task(self, task: Task) -> None:
+        """Drop a terminal record (evicted, or its framework removed)."""
+        assert tasks.is_terminal(task.state) or task.framework_id not in self.frameworks
+        self.tasks.pop(task.key, None)
+        fw = self.frameworks.get(task.framework_id)
+        if fw is not None:
+            fw.completed.pop(task.info.task_id, None)
+        owners = self._task_ids.get(task.info.task_id)
+        if owners is not None:
+            owners.discard(task.framework_id)
+            if not owners:
+                del self._task_ids[task.info.task_id]
+        self._touch("task", *task.key)
+
+    def _owners(self, task_id: str) -> set[str]:
+        return self._task_ids.get(task_id, set())
+
+    def _kill(self, task: Task, grace: float | None) -> list[Command]:
+        """Ask the task's agent to kill it; the record goes TASK_KILLING (re-sent when an
+        unreachable agent comes back)."""
+        if task.state != tasks.KILLING:
+            st = _copy(task.status)
+            st.state = tasks.KILLING
+            st.source = common_pb2.TaskStatus.SOURCE_MASTER
+            st.uuid = b""
+            st.reason = Reason.REASON_UNSPECIFIED
+            st.message = "kill requested"
+            st.timestamp_us = us(self._now)
+            self._set_status(task, st)
+        agent = self.agents.get(task.agent_id)
+        if agent is None or agent.peer is None or not agent.reachable:
+            return []
+        ev = agent_pb2.AgentEvent(kill_task=agent_pb2.AgentEvent.KillTask(
+            framework_id=task.framework_id, task_id=task.info.task_id))
+        if grace is not None:
+            ev.kill_task.kill_grace_period_s = grace
+        return [ToAgent(agent.peer, agent.agent_id, ev)]
+
+    def _shutdown_framework(self, agent: Agent, framework_id: str, why: str) -> ToAgent | None:
+        if agent.peer is None:
+            return None
+        return ToAgent(agent.peer, agent.agent_id, agent_pb2.AgentEvent(
+            shutdown_framework=agent_pb2.AgentEvent.ShutdownFramework(
+                framework_id=framework_id, reason=why)))
+
+    def _fail_log_requests(self, agent_id: str, why: str) -> list[Command]:
+        out: list[Command] = []
+        for rid, req in list(self.log_requests.items()):
+            if agent_id in ("", req.agent_id):
+                del self.log_requests[rid]
+                out.append(logs_error(req.peer, req.task_id, req.stream, why, req.message_id))
+        return out
+
+    # -- invariants ------------------------------------------------------------------------
+    def validate(self) -> None:
+        """Invariants, checked after every step in tests."""
+        for aid, agent in self.agents.items():
+            assert agent.agent_id == aid
+            live = [self.tasks[k] for k in agent.tasks]
+            assert all(t.agent_id == aid and not tasks.is_terminal(t.state) for t in live)
+            assert same(agent.used, total_of(t.resources for t in live)), (aid, agent.used)
+            if agent.status == REGISTERED:
+                assert agent.total.contains(agent.used), f"agent {aid} over-committed"
+            if agent.status == GONE:
+                assert not agent.tasks and agent.peer is None
+            if agent.peer is not None:
+                assert agent.status == REGISTERED and self.agent_peers.get(agent.peer) == aid
+            assert aid not in self.recovering
+        assert all(self.agents[a].peer == p for p, a in self.agent_peers.items())
+        for fid, fw in self.frameworks.items():
+            assert fw.framework_id == fid
+            live = [self.tasks[(fid, t)] for t in fw.tasks]
+            assert all(not tasks.is_terminal(t.state) for t in live)
+            assert same(fw.used, total_of(t.resources for t in live)), (fid, fw.used)
+            assert all(tasks.is_terminal(self.tasks[(fid, t)].state) for t in fw.completed)
+            assert len(fw.completed) <= self.max_completed_tasks
+            assert not fw.tasks & set(fw.completed)
+            if fw.peer is not None:
+                assert self.framework_peers.get(fw.peer) == fid
+        assert all(self.frameworks[f].peer == p for p, f in self.framework_peers.items())
+        for key, task in self.tasks.items():
+            assert task.key == key
+            assert task.state in tasks.STORABLE, f"task {key}: {tasks.name(task.state)}"
+            owner = self.frameworks.get(task.framework_id)
+            assert owner is not None, f"task {key} of an unknown framework"
+            if tasks.is_terminal(task.state):
+                assert task.info.task_id in owner.completed, key
+            else:
+                assert task.info.task_id in owner.tasks, key
+                assert key in self.agents[task.agent_id].tasks, key
+            assert task.framework_id in self._owners(task.info.task_id)
+        assert sum(len(v) for v in self._task_ids.values()) == len(self.tasks)
+
+
+def _copy(status: common_pb2.TaskStatus) -> common_pb2.TaskStatus:
+    out = common_pb2.TaskStatus()
+    out.CopyFrom(status)
+    return out
+
+
+def copy_status(status: common_pb2.TaskStatus) -> common_pb2.TaskStatus:
+    return _copy(status)
+
+
+def logs_error(peer: bytes, task_id: str, stream: agent_pb2.LogStream.ValueType, error: str,
+               in_reply_to: str = "") -> ToOperator:
+    return ToOperator(peer, operator_pb2.OperatorEvent(logs=operator_pb2.OperatorEvent.Logs(
+        task_id=task_id, stream=stream, error=error)), in_reply_to)
+
+
+def finite_nonneg(x: float) -> bool:
+    return not math.isnan(x) and not math.isinf(x) and x >= 0

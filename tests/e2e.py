@@ -1,0 +1,140 @@
+"""Helpers for end-to-end tests on a real local cluster (ZooKeeper, master, allocator,
+offer-broker and agents as separate processes, Docker containers): the cluster fixture's
+object and a scheduler that records what the master tells it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from frameworks.sdk.driver import SchedulerDriver
+from frameworks.sdk.scheduler import MasterInfo, Scheduler
+from schemas import common_pb2
+from services.bus.election import detector_from_url
+from services.resources import Resources
+
+S = common_pb2.TaskState
+
+
+@dataclass
+class Cluster:
+    url: str
+    run_dir: Path
+
+    def state(self) -> dict[str, Any]:
+        detector = detector_from_url(self.url, "master")
+        detector.start()
+        try:
+            leader = detector.wait_for_leader(5.0)
+        finally:
+            detector.close()
+        assert leader is not None, "no leading master"
+        with urllib.request.urlopen(leader.endpoints["http"] + "/state", timeout=5) as r:
+            return json.loads(r.read())  # type: ignore[no-any-return]
+
+    def cli(self, *args: str) -> str:
+        out = subprocess.run([sys.executable, "-m", "services.cli", "--cluster", self.url,
+                              "--run-dir", str(self.run_dir), *args],
+                             capture_output=True, text=True, timeout=60,
+                             env={"COLUMNS": "250", "PATH": "/usr/bin:/bin"})
+        assert out.returncode == 0, out.stdout + out.stderr
+        return out.stdout
+
+    def agent_ids(self) -> dict[str, str]:
+        """agent id -> hostname"""
+        return {a["agent_info"]["agent_id"]: a["agent_info"]["hostname"]
+                for a in self.state()["agents"]}
+
+
+def sleep_task(task_id: str, offer: common_pb2.Offer, *, cpus: float = 0.1, mem: float = 32,
+               image: str = "offerbus/busybox:latest",
+               command: list[str] | None = None) -> common_pb2.TaskInfo:
+    task = common_pb2.TaskInfo(task_id=task_id, name=task_id, agent_id=offer.agent_id,
+                               kill_grace_period_s=0.5)
+    task.resources.extend(Resources.of(cpus=cpus, mem=mem).to_proto())
+    task.container.type = common_pb2.ContainerInfo.CONTAINER_TYPE_DOCKER
+    task.container.docker.image = image
+    argv = command or ["sleep", "3600"]
+    task.command.shell = False
+    task.command.value = argv[0]
+    task.command.arguments.extend(argv[1:])
+    return task
+
+
+def launch(task: common_pb2.TaskInfo) -> common_pb2.Operation:
+    op = common_pb2.Operation()
+    op.launch.tasks.append(task)
+    return op
+
+
+@dataclass
+class Recorder(Scheduler):
+    """Records every callback; `on_offers` (if set) decides what to do with offers."""
+
+    on_offers: Callable[[SchedulerDriver, list[common_pb2.Offer]], None] | None = None
+    framework_id: str = ""
+    offers_seen: list[tuple[float, common_pb2.Offer]] = field(default_factory=list)
+    rescinds: list[tuple[float, str]] = field(default_factory=list)
+    updates: dict[str, list[common_pb2.TaskStatus]] = field(
+        default_factory=lambda: defaultdict(list))
+    rejected: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    refusals: list[tuple[int, str]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def subscribed(self, driver: SchedulerDriver, framework_id: str,
+                   master_info: MasterInfo) -> None:
+        self.framework_id = framework_id
+
+    def offers(self, driver: SchedulerDriver, offers: list[common_pb2.Offer]) -> None:
+        with self.lock:
+            self.offers_seen += [(time.monotonic(), o) for o in offers]
+        if self.on_offers is not None:
+            self.on_offers(driver, offers)
+
+    def rescinded(self, driver: SchedulerDriver, offer_ids: list[str], reason: int) -> None:
+        with self.lock:
+            self.rescinds += [(time.monotonic(), oid) for oid in offer_ids]
+
+    def update(self, driver: SchedulerDriver, status: common_pb2.TaskStatus) -> None:
+        with self.lock:
+            self.updates[status.task_id].append(status)
+
+    def accept_rejected(self, driver: SchedulerDriver, offer_ids: list[str],
+                        task_ids: list[str], reason: int, message: str) -> None:
+        with self.lock:
+            self.rejected.append(message)
+
+    def refused(self, driver: SchedulerDriver, code: int, message: str) -> None:
+        with self.lock:
+            self.refusals.append((code, message))
+
+    def error(self, driver: SchedulerDriver, message: str) -> None:
+        with self.lock:
+            self.errors.append(message)
+
+    def state_of(self, task_id: str) -> int | None:
+        with self.lock:
+            history = self.updates.get(task_id)
+            return history[-1].state if history else None
+
+    def last(self, task_id: str) -> common_pb2.TaskStatus | None:
+        with self.lock:
+            history = self.updates.get(task_id)
+            return history[-1] if history else None
+
+
+def framework(name: str, role: str = "*") -> common_pb2.FrameworkInfo:
+    info = common_pb2.FrameworkInfo(name=name, role=role, principal=name,
+                                    failover_timeout_s=30.0)
+    info.capabilities.append(common_pb2.FrameworkInfo.CAPABILITY_PARTITION_AWARE)
+    return info
