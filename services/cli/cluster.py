@@ -19,6 +19,7 @@ from services.cli.client import CliError, find_leader, http_get
 
 console = Console()
 RACKS = ("a", "b", "c")
+_children: dict[str, subprocess.Popen[bytes]] = {}  # processes this process started
 
 
 @dataclass
@@ -39,6 +40,11 @@ def _pids_dir(run_dir: Path) -> Path:
 
 
 def _alive(pid: int) -> bool:
+    """True while `pid` runs; a child of this process that exited is reaped (a zombie would
+    otherwise look alive to kill(pid, 0))."""
+    child = next((p for p in _children.values() if p.pid == pid), None)
+    if child is not None:
+        return child.poll() is None
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -58,9 +64,6 @@ def running(run_dir: Path) -> dict[str, int]:
         if _alive(pid):
             out[pid_file.stem] = pid
     return out
-
-
-_children: dict[str, subprocess.Popen[bytes]] = {}
 
 
 def spawn(run_dir: Path, name: str, argv: list[str]) -> int:

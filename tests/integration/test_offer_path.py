@@ -106,7 +106,7 @@ def test_twenty_containers_run_are_listed_killed_and_replaced(
     finally:
         stop(driver)
     wait_for(lambda: not docker_client.containers.list(
-        filters={"label": f"org.offerbus.framework_id={driver.framework_id}"}), 30,
+        sparse=True, filters={"label": f"org.offerbus.framework_id={driver.framework_id}"}), 30,
         message="teardown left containers running")
 
 
