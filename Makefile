@@ -56,9 +56,12 @@ zk-up: system venv
 zk-down: venv
 	@$(PY) -m infra.zookeeper stop --dir .run/zk
 
-## run: bring up a local cluster and run the demo.
-run: system venv image zk-up
+## run: bring up a local cluster and run the demo; `make down` stops it.
+run: system venv image
 	@$(PY) -m infra.demo
+
+down: venv
+	@$(PY) -m services.cli down
 
 ## test: everything, against real ZooKeeper, the real Docker engine and real sockets.
 test: system venv image lint

@@ -1,157 +1,65 @@
-"""``make run`` until the Offerbus services exist: check that what a local cluster stands
-on is up (ZooKeeper, the Docker engine, the local image), run one container, and say what
-is coming.
+"""``make run``: bring up a local Offerbus cluster (ZooKeeper, master, allocator,
+offer-broker, three agents, each a separate process), deploy a demo service of several
+containers through a framework, show them reach RUNNING across the agents, and say where
+to look and how to stop.
 
-    python -m infra.demo [--zk-dir .run/zk] [--zk HOST:PORT,...] [--image offerbus/busybox:latest]
+    python -m infra.demo [--run-dir .run/cluster] [--instances 6]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from infra.zookeeper import four_letter
-
-DEFAULT_IMAGE = "offerbus/busybox:latest"
-COMING = (
-    ("master", "front door for agents and frameworks, registry in ZooKeeper, hot standbys"),
-    ("allocator", "DRF / weighted DRF over roles, quotas, filters, suppress/revive"),
-    ("offer-broker", "outstanding offers, timeouts, rescinds, ACCEPT validation"),
-    ("agents", "one per machine: resources, executors, checkpointed status updates"),
-    ("executors", "one per task: the container, health checks, kill with grace period"),
-    ("offerbus CLI", "what runs where, why a task is pending, an offer's trace"),
-    ("demo service", "a framework that runs a small service on this cluster"),
-)
-
-
-class Missing(Exception):
-    """Something the local cluster needs is not there; the message says how to fix it."""
-
-
-def check_zookeeper(hosts: str) -> list[str]:
-    """Return one ``host:port (mode)`` line per server; raise Missing if none answers."""
-    lines = []
-    for host in hosts.split("/", 1)[0].split(","):
-        _, _, port_text = host.rpartition(":")
-        port = int(port_text)
-        try:
-            answer = four_letter(port, "ruok")
-            srvr = four_letter(port, "srvr")
-        except OSError as exc:
-            raise Missing(
-                f"ZooKeeper at {host} does not answer ({exc}); start it with `make zk-up`"
-            ) from exc
-        if answer != "imok":
-            raise Missing(f"ZooKeeper at {host} answered {answer!r} to ruok instead of 'imok'")
-        mode = next(
-            (ln.split(":", 1)[1].strip() for ln in srvr.splitlines() if ln.startswith("Mode:")),
-            "not serving",
-        )
-        version = next(
-            (
-                ln.split(":", 1)[1].strip().split("-")[0]
-                for ln in srvr.splitlines()
-                if ln.startswith("Zookeeper version:")
-            ),
-            "?",
-        )
-        lines.append(f"{host} ({mode}, ZooKeeper {version})")
-    return lines
-
-
-def check_docker(image: str) -> tuple[str, str, str, float]:
-    """Ping the engine, run one container from ``image`` and remove it.
-
-    Returns (engine version, image id, the container's output, seconds it took)."""
-    import docker
-    from docker.errors import DockerException, ImageNotFound
-
-    try:
-        client = docker.from_env(timeout=30)
-        client.ping()
-    except DockerException as exc:
-        raise Missing(
-            f"the Docker engine does not answer ({exc}); start it with `make engine`"
-        ) from exc
-    try:
-        version = str(client.version().get("Version", "?"))
-        try:
-            image_id = str(client.images.get(image).id)
-        except ImageNotFound as exc:
-            raise Missing(f"image {image} is missing; build it with `make image`") from exc
-        started = time.monotonic()
-        container = client.containers.run(
-            image,
-            [
-                "sh",
-                "-c",
-                'echo "hello from a container on $(hostname), busybox $(busybox | '
-                'head -1 | cut -d" " -f2)"',
-            ],
-            detach=True,
-            labels={"org.offerbus.demo": "1"},
-        )
-        try:
-            status = container.wait(timeout=30)
-            output = container.logs().decode(errors="replace").strip()
-        finally:
-            container.remove(force=True)
-        elapsed = time.monotonic() - started
-        if status.get("StatusCode") != 0:
-            raise Missing(f"the demo container exited with {status}: {output}")
-        return version, image_id, output, elapsed
-    finally:
-        client.close()
+DEMO_COMMAND = ["sh", "-c", 'while true; do echo "hello from $HOSTNAME at $(date)"; sleep 5; '
+                "done"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m infra.demo", description=__doc__)
-    parser.add_argument(
-        "--zk-dir",
-        type=Path,
-        default=Path(".run/zk"),
-        help="where `make zk-up` left ZooKeeper (its hosts file)",
-    )
-    parser.add_argument("--zk", help="ZooKeeper connection string (default: from --zk-dir)")
-    parser.add_argument("--image", default=DEFAULT_IMAGE)
-    args = parser.parse_args(argv)
+    ap = argparse.ArgumentParser(prog="python -m infra.demo", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run-dir", type=Path, default=Path(".run/cluster"))
+    ap.add_argument("--instances", type=int, default=6)
+    ap.add_argument("--image", default="offerbus/busybox:latest")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("COLUMNS", "120")
 
-    hosts: str | None = args.zk
-    hosts_file = args.zk_dir / "hosts"
-    if hosts is None:
-        try:
-            hosts = hosts_file.read_text().strip()
-        except OSError:
-            print(
-                f"offerbus: no ZooKeeper found ({hosts_file} is missing); "
-                "start one with `make zk-up`",
-                file=sys.stderr,
-            )
-            return 1
+    from services.cli import main as cli
 
-    try:
-        zk_lines = check_zookeeper(hosts)
-        engine, image_id, output, elapsed = check_docker(args.image)
-    except Missing as exc:
-        print(f"offerbus: {exc}", file=sys.stderr)
-        return 1
-
-    print("Offerbus local cluster: the ground floor is up.\n")
-    print("Up now")
-    for line in zk_lines:
-        print(f"  ZooKeeper      {line}   (connect string: {hosts})")
-    print(f"  Docker engine  {engine}")
-    print(f"  Image          {args.image}  {image_id[:19]}")
-    print(f"  A container    ran and was removed in {elapsed:.2f}s, and said:")
-    print(f"                 {output}")
-    print("\nComing in later issues")
-    width = max(len(name) for name, _ in COMING)
-    for name, what in COMING:
-        print(f"  {name:<{width}}  {what}")
-    print("\nStop it with `make zk-down` (ZooKeeper; the Docker engine stays up for other work).")
+    base = ["--run-dir", str(args.run_dir), "--timeout", "90"]
+    steps: list[tuple[str, list[str]]] = [
+        ("1. Bring up the cluster", ["up"]),
+        ("2. The agents (one per 'VM', each with its own resources and rack)", ["agents"]),
+        (f"3. Deploy the demo service: {args.instances} containers through the service "
+         "framework", ["run", "--name", "demo", "--image", args.image, "--instances",
+                       str(args.instances), "--cpus", "0.1", "--mem", "32",
+                       "--", *DEMO_COMMAND]),
+        ("4. Where each instance runs", ["tasks"]),
+        ("5. The cluster at a glance", ["status"]),
+    ]
+    for title, command in steps:
+        print(f"\n== {title}\n   $ offerbus {' '.join(command[:1] + command[1:6])}"
+              f"{' ...' if len(command) > 6 else ''}", flush=True)
+        code = cli.main(base + command)
+        if code != 0:
+            print(f"\nmake run: step failed ({title}); logs are in {args.run_dir}/logs/",
+                  file=sys.stderr)
+            return code
+    venv = ".venv/bin/offerbus"
+    print(f"""
+== What to try next
+   {venv} tasks                      what runs where
+   {venv} logs demo-0-1              an instance's output
+   {venv} kill demo-0-1              the framework replaces it
+   {venv} scale demo 10              more instances
+   {venv} agents / frameworks        the fleet and who uses it
+   master /state and /metrics:       see `{venv} status` for the master's address
+   logs of every service:            {args.run_dir}/logs/
+   stop everything:                  make down   (or {venv} down)
+""")
     return 0
 
 

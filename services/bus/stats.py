@@ -25,6 +25,9 @@ class Stats:
         for key in sorted(self._counts):
             name, _, labels = key.partition("{")
             metric = prefix + name + "_total"
-            lines.append(f"{metric}{{{labels} {self._counts[key]}" if labels else
-                         f"{metric} {self._counts[key]}")
+            if labels:
+                pairs = (p.partition("=") for p in labels.rstrip("}").split(","))
+                quoted = ",".join(f'{k}="{v}"' for k, _, v in pairs)
+                metric += "{" + quoted + "}"
+            lines.append(f"{metric} {self._counts[key]}")
         return "\n".join(lines) + ("\n" if lines else "")

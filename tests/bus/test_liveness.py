@@ -88,3 +88,19 @@ def test_fence_admits_exactly_the_running_maximum(epochs: list[int]) -> None:
     for e in epochs:
         assert fence.admit(MASTER, e) == (e >= highest)
         highest = max(highest, e)
+
+
+def test_stats_render_valid_prometheus_text() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from services.bus.stats import Stats
+
+    stats = Stats()
+    stats.inc("frames_received", 3)
+    stats.inc("frames_dropped{reason=malformed}")
+    stats.inc("frames_dropped{reason=too_large}", 2)
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for fam in text_string_to_metric_families(stats.prometheus("offerbus_x_"))
+               for s in fam.samples}
+    assert samples[("offerbus_x_frames_received_total", ())] == 3
+    assert samples[("offerbus_x_frames_dropped_total", (("reason", "too_large"),))] == 2
