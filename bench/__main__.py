@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import sys
 
-from bench import bus
+from bench import bus, launch
 
-BENCHES = {"bus": bus.main}
+BENCHES = {"bus": bus.main, "launch": launch.main}
 
 
 def main(argv: list[str]) -> int:

@@ -9,6 +9,7 @@ import json
 import os
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from services.bus import codec
 from services.bus.election import LeaderChanged, detector_from_url
 from services.bus.epoch import EpochFence
 from services.bus.log import get_logger
+from services.bus.mailbox import Mailbox
 from services.bus.peer import DealerClient, HeartbeatConfig, RouterServer, Sender
 from services.bus.reactor import Reactor
 from services.bus.stats import Stats
@@ -137,6 +139,11 @@ class AgentShell:
         self.core = AgentCore(info, now=now, recovered=state, records=records)
         self.runtime = make_runtime(config.runtime, config.work_dir)
         self.launcher = ExecutorLauncher(config.work_dir)
+        # Launching blocks on the fork server's answer: a worker thread does it, so the
+        # reactor keeps answering executors and the master while a batch of tasks starts.
+        self._launch_pool = ThreadPoolExecutor(1, thread_name_prefix="launch")
+        self._launched: Mailbox[tuple[str, int | Exception]] = Mailbox()
+        self.reactor.add_reader(self._launched, self._on_launched)
         self.fence = EpochFence(frozenset({MASTER}))
         self.master = DealerClient(
             self.reactor, self.ctx, self.sender, self._on_master,
@@ -181,7 +188,11 @@ class AgentShell:
         kind = codec.payload_kind(env)
         now = time.time()
         if kind == "agent_event":
-            self._run(self.core.master_event(env.agent_event, now))
+            event = env.agent_event
+            if event.WhichOneof("event") == "run_tasks":
+                log.info("run tasks", count=len(event.run_tasks.launches),
+                         tasks=",".join(x.task.task_id for x in event.run_tasks.launches[:5]))
+            self._run(self.core.master_event(event, now))
         elif kind == "error":
             log.warning("master refused", code=env.error.code, message=env.error.message)
             self._run(self.core.master_error(env.error.code, now))
@@ -201,14 +212,24 @@ class AgentShell:
                 "--agent-id", self.core.agent_id,
                 "--work-dir", str(self.config.work_dir / "sandboxes" / cmd.executor_id),
                 "--runtime", self.config.runtime]
+        self._launch_pool.submit(self._launch_blocking, cmd.executor_id, argv)
+
+    def _launch_blocking(self, executor_id: str, argv: list[str]) -> None:
+        """On the launch thread: fork the executor, hand the pid (or error) to the reactor."""
         try:
-            pid = self.launcher.launch(cmd.executor_id, argv)
-        except Exception as exc:  # the fork-server failed: the task fails, the agent goes on
-            log.error("executor launch failed", executor=cmd.executor_id, error=repr(exc))
-            self._run(self.core.executor_launch_failed(cmd.executor_id, str(exc), time.time()))
-            return
-        self.stats.inc("executors_launched")
-        self._run(self.core.executor_launched(cmd.executor_id, pid))
+            self._launched.put((executor_id, self.launcher.launch(executor_id, argv)))
+        except Exception as exc:  # the fork server failed: the task fails, the agent goes on
+            self._launched.put((executor_id, exc))
+
+    def _on_launched(self) -> None:
+        for executor_id, result in self._launched.drain():
+            if isinstance(result, Exception):
+                log.error("executor launch failed", executor=executor_id, error=repr(result))
+                self._run(self.core.executor_launch_failed(executor_id, str(result),
+                                                           time.time()))
+            else:
+                self.stats.inc("executors_launched")
+                self._run(self.core.executor_launched(executor_id, result))
 
     def _watch_pids(self) -> None:
         now = time.time()
@@ -342,6 +363,9 @@ class AgentShell:
         self.master.close()
         self.executors.close()
         self.http.close()
+        self._launch_pool.shutdown(wait=True)
+        self.reactor.remove_reader(self._launched)
+        self._launched.close()
         self.launcher.close()
         self.update_log.close()
         self.ctx.destroy(linger=0)

@@ -182,6 +182,10 @@ class MasterShell:
     def _run(self, cmds: list[Command], traceparent: str) -> None:
         for cmd in cmds:
             if isinstance(cmd, ToAgent):
+                if cmd.event.WhichOneof("event") == "run_tasks":
+                    launches = cmd.event.run_tasks.launches
+                    log.info("launching", agent=cmd.agent_id, count=len(launches),
+                             framework=launches[0].framework_id if launches else "")
                 env = codec.Envelope(traceparent=cmd.traceparent or traceparent)
                 env.agent_event.CopyFrom(cmd.event)
                 self._send(self.front, cmd.peer, env)
