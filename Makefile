@@ -42,7 +42,7 @@ proto-check: venv
 ## lint: ruff and mypy (with the generated stubs).
 lint: venv proto-check
 	@$(VENV)/bin/ruff check .
-	@$(VENV)/bin/mypy services frameworks infra
+	@$(VENV)/bin/mypy services frameworks infra bench chaos
 	@echo "lint: ok"
 
 ## engine / image: dockerd running, and the local test image built (no registry is reachable).

@@ -121,16 +121,16 @@ def main() -> None:
             run_dir=run_dir, agents=3, agent_resources="cpus:8;mem:8192;disk:10240;"
             "ports:[31000-31999]", standalone=False, timeout=90))
         for n in SIZES:
-            row: dict[str, list[float]] = {"floor": [], "swarm": [], "offerbus": []}
+            times: dict[str, list[float]] = {"floor": [], "swarm": [], "offerbus": []}
             for r in range(RUNS):
-                row["floor"].append(floor_run(client, n))
+                times["floor"].append(floor_run(client, n))
                 _gone(client, f"{LABEL}=floor")
-                row["swarm"].append(swarm_run(client, image_id, n))
-                row["offerbus"].append(offerbus_run(url, n, r))
+                times["swarm"].append(swarm_run(client, image_id, n))
+                times["offerbus"].append(offerbus_run(url, n, r))
                 _gone(client, "org.offerbus.task_id")
-                progress(f"N={n} run {r + 1}/{RUNS}: floor {row['floor'][-1]:.2f}s, swarm "
-                         f"{row['swarm'][-1]:.2f}s, offerbus {row['offerbus'][-1]:.2f}s")
-            results[f"n{n}"] = {k: {"runs": v, **_summary(v)} for k, v in row.items()}
+                progress(f"N={n} run {r + 1}/{RUNS}: floor {times['floor'][-1]:.2f}s, swarm "
+                         f"{times['swarm'][-1]:.2f}s, offerbus {times['offerbus'][-1]:.2f}s")
+            results[f"n{n}"] = {k: {"runs": v, **_summary(v)} for k, v in times.items()}
     finally:
         local_cluster.down(run_dir)
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -139,7 +139,7 @@ def main() -> None:
     print(f"\n{'N':>4} {'docker SDK (floor)':>22} {'Swarm (by ID)':>22} {'Offerbus':>22}"
           f" {'Offerbus/floor':>15} {'Offerbus/Swarm':>15}")
     for n in SIZES:
-        row = results[f"n{n}"]
+        row = results[f"n{n}"]  # name -> {"runs", "min", "median", "max"}
         cells = [f"{row[k]['median']:.2f}s ({row[k]['min']:.2f}-{row[k]['max']:.2f})"
                  for k in ("floor", "swarm", "offerbus")]
         of = row["offerbus"]["median"] / row["floor"]["median"]
