@@ -66,7 +66,8 @@ def codec_cost() -> dict[str, Any]:
 
 
 def _spawn(args: list[str]) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE, text=True,
+                            stderr=subprocess.DEVNULL)
     assert proc.stdout is not None
     return proc, proc.stdout.readline().strip()
 

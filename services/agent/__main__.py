@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from services.agent.shell import AgentConfig, AgentShell, detect_resources
-from services.shell.process import add_cluster_args, setup, stop_on_signals
+from services.shell.process import add_cluster_args, serve, setup
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,12 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"offerbus-agent: {exc}", file=sys.stderr)
         return 2
-    stop_on_signals(shell.reactor)
-    try:
-        shell.run()
-    finally:
-        shell.close()
-    return 0
+    return serve(shell)
 
 
 if __name__ == "__main__":

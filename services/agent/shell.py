@@ -43,6 +43,7 @@ from services.bus.stats import Stats
 from services.executor.runtime import Runtime, Stream
 from services.resources import Resources
 from services.shell.http import Response, StatusServer, json_response, text_response
+from services.shell.process import pid_alive
 
 log = get_logger("agent")
 
@@ -234,7 +235,7 @@ class AgentShell:
     def _watch_pids(self) -> None:
         now = time.time()
         for ex in list(self.core.executors.values()):
-            if ex.pid and not ex.exited and not _alive(ex.pid):
+            if ex.pid and not ex.exited and not pid_alive(ex.pid):
                 log.info("executor exited", executor=ex.executor_id, pid=ex.pid)
                 self._run(self.core.executor_exited(ex.executor_id, now))
 
@@ -369,16 +370,6 @@ class AgentShell:
         self.launcher.close()
         self.update_log.close()
         self.ctx.destroy(linger=0)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 __all__ = ["AgentConfig", "AgentShell", "detect_resources", "parse_attributes"]

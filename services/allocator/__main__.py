@@ -7,7 +7,7 @@ import socket
 import sys
 
 from services.allocator.shell import AllocatorConfig, AllocatorShell
-from services.shell.process import add_cluster_args, setup, stop_on_signals
+from services.shell.process import add_cluster_args, serve, setup
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,12 +28,7 @@ def main(argv: list[str] | None = None) -> int:
         allocator_id=args.id, election_url=args.cluster, host=args.host,
         http_port=args.http_port, interval=args.interval, batch=args.batch,
         heartbeat_interval=args.heartbeat, max_missed=args.max_missed))
-    stop_on_signals(shell.reactor)
-    try:
-        shell.run()
-    finally:
-        shell.close()
-    return 0
+    return serve(shell)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ import sys
 
 from services.broker.core import DEFAULT_OFFER_TIMEOUT_S
 from services.broker.shell import BrokerConfig, BrokerShell
-from services.shell.process import add_cluster_args, setup, stop_on_signals
+from services.shell.process import add_cluster_args, serve, setup
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,12 +31,7 @@ def main(argv: list[str] | None = None) -> int:
         http_port=args.http_port, offer_timeout=args.offer_timeout,
         launch_timeout=args.launch_timeout, heartbeat_interval=args.heartbeat,
         max_missed=args.max_missed))
-    stop_on_signals(shell.reactor)
-    try:
-        shell.run()
-    finally:
-        shell.close()
-    return 0
+    return serve(shell)
 
 
 if __name__ == "__main__":

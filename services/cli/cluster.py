@@ -16,6 +16,7 @@ from pathlib import Path
 from rich.console import Console
 
 from services.cli.client import CliError, find_leader, http_get
+from services.shell.process import pid_alive
 
 console = Console()
 RACKS = ("a", "b", "c")
@@ -45,13 +46,7 @@ def _alive(pid: int) -> bool:
     child = next((p for p in _children.values() if p.pid == pid), None)
     if child is not None:
         return child.poll() is None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return pid_alive(pid)
 
 
 def running(run_dir: Path) -> dict[str, int]:

@@ -7,7 +7,7 @@ import socket
 import sys
 
 from services.master.shell import MasterConfig, MasterShell
-from services.shell.process import add_cluster_args, setup, stop_on_signals
+from services.shell.process import add_cluster_args, serve, setup
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,12 +31,7 @@ def main(argv: list[str] | None = None) -> int:
         pub_port=args.pub_port, snapshot_port=args.snapshot_port, http_port=args.http_port,
         heartbeat_interval=args.heartbeat, max_missed=args.max_missed,
         agent_reregister_window_s=args.reregister_window))
-    stop_on_signals(shell.reactor)
-    try:
-        shell.run()
-    finally:
-        shell.close()
-    return 0
+    return serve(shell)
 
 
 if __name__ == "__main__":

@@ -4,8 +4,10 @@ stop, and the `--cluster` URL that names where election and registry live."""
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 from types import FrameType
+from typing import Protocol
 
 from services.bus import log
 from services.bus.reactor import Reactor
@@ -29,3 +31,31 @@ def stop_on_signals(reactor: Reactor) -> None:
 
 def setup(service: str, level: str | None) -> None:
     log.configure(service, level)
+
+
+class Service(Protocol):
+    reactor: Reactor
+
+    def run(self) -> None: ...
+    def close(self) -> None: ...
+
+
+def serve(shell: Service) -> int:
+    """Run a service until SIGTERM/SIGINT, then close it cleanly."""
+    stop_on_signals(shell.reactor)
+    try:
+        shell.run()
+    finally:
+        shell.close()
+    return 0
+
+
+def pid_alive(pid: int) -> bool:
+    """True while a process with this pid exists (someone else's counts too)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
