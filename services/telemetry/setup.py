@@ -3,7 +3,9 @@
 Exporters: the standard OTEL_TRACES_EXPORTER ("otlp" for OTLP/HTTP protobuf to
 OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT, "console", "none"); in addition OFFERBUS_TRACES_FILE
 names a file that receives OTLP JSON lines (`offerbus up` sets it per service). Sampling
-follows OTEL_TRACES_SAMPLER / OTEL_TRACES_SAMPLER_ARG (the SDK reads them)."""
+follows OTEL_TRACES_SAMPLER / OTEL_TRACES_SAMPLER_ARG (the SDK reads them).
+OFFERBUS_TRACES_DIR names a folder instead: each process writes `<service>-<pid>.jsonl`
+there (what `offerbus up` sets, so agents' executors never share a file)."""
 
 from __future__ import annotations
 
@@ -45,6 +47,9 @@ def setup(service: str, **resource: str) -> trace.Tracer:
             elif name == "console":
                 provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
         path = os.environ.get("OFFERBUS_TRACES_FILE")
+        folder = os.environ.get("OFFERBUS_TRACES_DIR")
+        if folder and not path:
+            path = os.path.join(folder, f"{service}-{os.getpid()}.jsonl")
         if path:
             provider.add_span_processor(BatchSpanProcessor(
                 OtlpJsonFileExporter(path), schedule_delay_millis=500))
