@@ -31,6 +31,8 @@ def setup(service: str, **resource: str) -> trace.Tracer:
     """Configure this process's tracing once; returns its tracer. With no exporter
     configured, spans are still created (so context propagates) but go nowhere."""
     global _provider
+    if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return trace.get_tracer("offerbus." + service)  # the API's no-op tracer
     if _provider is None:
         attrs: dict[str, str | int] = {"service.name": os.environ.get("OTEL_SERVICE_NAME", service),
                  "host.name": socket.gethostname(), "process.pid": os.getpid(),
