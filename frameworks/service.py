@@ -214,9 +214,13 @@ class ServiceScheduler(Scheduler):
                     op.launch.tasks.append(task)
                 driver.accept([offer_id], [op], common_pb2.Filters(refuse_seconds=1.0),
                               traceparent=offer.traceparent)
-            if declines:
-                driver.decline(declines, DECLINE_WHEN_IDLE_S if not why else 1.0,
-                               reason=why or "all instances placed")
+            # One decline per offer, each under its own offer's trace: the `decide` span of
+            # every offer then carries the reason (`offerbus why`).
+            reason = why or (f"nothing to place: all {self.spec.instances} instance(s) "
+                             "running or being placed")
+            for offer_id in declines:
+                driver.decline([offer_id], DECLINE_WHEN_IDLE_S if not why else 1.0,
+                               reason=reason, traceparent=by_id[offer_id].traceparent)
             self.pending_reason = why
             self._want_offers(driver)
         self._write_status()

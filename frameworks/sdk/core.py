@@ -53,8 +53,13 @@ class State(enum.Enum):
 
 @dataclass(frozen=True)
 class Send:
+    """A call to send. For accept/decline, `traceparent` names the decision's parent (the
+    caller's, else the first offer's) and `offer_traceparents` every used offer's, in order
+    (the driver's `decide` span links the others)."""
+
     call: scheduler_pb2.SchedulerCall
     traceparent: str = ""
+    offer_traceparents: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -278,7 +283,8 @@ class SchedulerCore:
         call.accept.operations.extend(operations)
         if filters is not None:
             call.accept.filters.CopyFrom(filters)
-        return [Send(call, traceparent or offers[0].traceparent)]
+        return [Send(call, traceparent or offers[0].traceparent,
+                     tuple(o.traceparent for o in offers))]
 
     def _check_accept(self, ids: list[str]) -> tuple[int, str] | None:
         if self.state is not State.SUBSCRIBED:
@@ -345,7 +351,8 @@ class SchedulerCore:
         call.decline.reason = reason
         if refuse_seconds is not None:
             call.decline.filters.refuse_seconds = refuse_seconds
-        return [*out, Send(call, traceparent or offers[0].traceparent)]
+        return [*out, Send(call, traceparent or offers[0].traceparent,
+                           tuple(o.traceparent for o in offers))]
 
     def kill(self, task_id: str, agent_id: str = "", grace: float | None = None) -> list[Output]:
         kill = Call.Kill(task_id=task_id, agent_id=agent_id)

@@ -7,13 +7,17 @@ from __future__ import annotations
 import threading
 import traceback
 from collections.abc import Callable, Iterable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import zmq
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
+from opentelemetry.trace import Link, StatusCode
 
 from frameworks.sdk.core import Callback, Note, Output, SchedulerCore, Send, State
 from frameworks.sdk.scheduler import Scheduler
-from schemas import common_pb2, envelope_pb2
+from schemas import common_pb2, envelope_pb2, scheduler_pb2
 from services.bus import codec
 from services.bus.curve import CurveClient
 from services.bus.election import Detector, detector_from_url, parse_url
@@ -24,6 +28,9 @@ from services.bus.mailbox import Mailbox
 from services.bus.peer import DealerClient, HeartbeatConfig, Sender
 from services.bus.reactor import Reactor
 from services.bus.stats import Stats
+from services.telemetry import extract, span_traceparent
+from services.telemetry import setup as telemetry_setup
+from services.telemetry import spans as sp
 
 log = get_logger("sdk.driver")
 
@@ -77,6 +84,7 @@ class SchedulerDriver:
         self._dealer: DealerClient | None = None
         self._detector: Detector | None = None
         self._fence = EpochFence(frozenset({envelope_pb2.ROLE_MASTER}))
+        self._tracer: trace.Tracer = trace.get_tracer("offerbus.framework")
 
     # -- state (read from any thread) --------------------------------------------------
     @property
@@ -101,6 +109,7 @@ class SchedulerDriver:
             if self._running or self._done.is_set():
                 raise RuntimeError("a SchedulerDriver runs once")
             self._running = True
+        self._setup_tracing()
         ctx = self._context or zmq.Context()
         reactor = self._reactor = Reactor()
         dealer: DealerClient | None = None
@@ -129,8 +138,27 @@ class SchedulerDriver:
             if self._context is None:
                 ctx.term()  # waits up to the linger for a teardown to leave
             self._mailbox.close()
+            self._flush_traces()
             self._done.set()
             log.info("driver stopped", framework=self._core.framework_id, state=self.state.value)
+
+    def _setup_tracing(self) -> None:
+        """Trace with the application's SDK tracer provider if it set one; else configure
+        Offerbus's own from the OTEL_* / OFFERBUS_TRACES_* environment."""
+        if not isinstance(trace.get_tracer_provider(), SdkTracerProvider):
+            info = self._core.framework_info
+            telemetry_setup("offerbus-framework", framework=info.name,
+                            framework_id=info.framework_id)
+        self._tracer = trace.get_tracer("offerbus.framework")
+
+    @staticmethod
+    def _flush_traces() -> None:
+        provider = trace.get_tracer_provider()
+        if isinstance(provider, SdkTracerProvider):
+            try:
+                provider.force_flush(5000)
+            except Exception as exc:  # an exporter failing must not fail the stop
+                log.warning("trace flush failed", error=repr(exc))
 
     def stop(self, failover: bool = False) -> None:
         """Stop the driver. Without failover the framework is torn down (its tasks killed);
@@ -278,14 +306,55 @@ class SchedulerDriver:
             raise
 
     def _send(self, out: Send) -> bool:
+        kind = out.call.WhichOneof("call")
+        if kind not in ("accept", "decline"):
+            return self._write(out.call, out.traceparent)
+        # One `decide` span per accept/decline, under the offer's span (or the caller's
+        # traceparent); the call carries the decision's own traceparent onwards.
+        links = [Link(trace.get_current_span(ctx).get_span_context())
+                 for tp in dict.fromkeys(out.offer_traceparents)
+                 if tp != out.traceparent and (ctx := extract(tp)) is not None]
+        with self._tracer.start_as_current_span(
+                sp.DECIDE, context=extract(out.traceparent) or Context(), links=links,
+                kind=trace.SpanKind.PRODUCER, attributes=self._decide_attributes(out.call),
+                record_exception=False, set_status_on_exception=False) as span:
+            sent = self._write(out.call, span_traceparent(span) or out.traceparent)
+            if not sent:
+                span.set_status(StatusCode.ERROR, "the call could not be sent to the master")
+            return sent
+
+    def _decide_attributes(self, call: scheduler_pb2.SchedulerCall) -> dict[str, Any]:
+        info = self._core.framework_info
+        attrs: dict[str, Any] = {sp.FRAMEWORK_ID: call.framework_id or self._core.framework_id,
+                                 sp.FRAMEWORK_NAME: info.name}
+        if call.HasField("accept"):
+            a = call.accept
+            tids = [t.task_id for op in a.operations if op.HasField("launch")
+                    for t in op.launch.tasks]
+            ops = [op.WhichOneof("operation") or "?" for op in a.operations]
+            attrs.update({sp.DECISION: "accept", sp.OFFER_IDS: list(a.offer_ids),
+                          sp.TASK_IDS: tids,
+                          sp.REASON: f"accepted: {len(tids)} task(s) to launch"
+                                     + (f"; operations {','.join(ops)}" if ops else "")})
+            flt = a.filters
+        else:
+            d = call.decline
+            attrs.update({sp.DECISION: "decline", sp.OFFER_IDS: list(d.offer_ids),
+                          sp.TASK_IDS: [], sp.REASON: d.reason or "declined (no reason given)"})
+            flt = d.filters
+        if flt.HasField("refuse_seconds"):
+            attrs[sp.REFUSE_SECONDS] = flt.refuse_seconds
+        return attrs
+
+    def _write(self, call: scheduler_pb2.SchedulerCall, traceparent: str) -> bool:
         assert self._dealer is not None
         env = codec.Envelope()
-        env.scheduler_call.CopyFrom(out.call)
-        env.traceparent = out.traceparent
+        env.scheduler_call.CopyFrom(call)
+        env.traceparent = traceparent
         try:
             return self._dealer.send(env)
         except codec.FrameError as exc:
-            log.error("call not sent", call=out.call.WhichOneof("call") or "", error=str(exc))
+            log.error("call not sent", call=call.WhichOneof("call") or "", error=str(exc))
             return False
 
     def _note(self, note: Note) -> None:

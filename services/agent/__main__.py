@@ -7,6 +7,7 @@ import socket
 import sys
 from pathlib import Path
 
+from services import telemetry
 from services.agent.shell import AgentConfig, AgentShell, detect_resources
 from services.shell.process import add_cluster_args, serve, setup
 
@@ -37,7 +38,13 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"offerbus-agent: {exc}", file=sys.stderr)
         return 2
-    return serve(shell)
+    # After the shell is built (its agent id recovered); the fork server it started is a
+    # fresh interpreter, so the exporter threads started here never reach an executor.
+    telemetry.setup("offerbus-agent", agent_id=shell.core.agent_id, hostname=args.hostname)
+    try:
+        return serve(shell)
+    finally:
+        telemetry.shutdown()
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ class ToMaster:
 class ToExecutor:
     peer: bytes
     event: executor_pb2.ExecutorEvent
+    traceparent: str = ""  # the Envelope's (the Launch event carries the run span's)
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class LaunchExecutor:
     executor_id: str
     framework_id: str
     task_id: str
+    traceparent: str = ""  # the master's RunTasks.Launch.traceparent: the run span's parent
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,9 @@ class Executor:
     state: TaskState.ValueType = TaskState.TASK_STAGING
     kill_grace_s: float | None = None  # a kill asked before the executor subscribed
     exited: bool = False
+    # Handed to the executor with its Launch (whenever it subscribes): the master's
+    # RunTasks.Launch.traceparent, until the shell's `run` span replaces it (launch_traced).
+    traceparent: str = ""
 
     @property
     def task_id(self) -> str:
@@ -253,9 +258,10 @@ class AgentCore:
             ex = Executor(f"{launch.task.task_id}.{self._new_id()}", launch.framework_id,
                           launch.task, self.frameworks.get(launch.framework_id,
                                                            common_pb2.FrameworkInfo()),
-                          launched_at=now)
+                          launched_at=now, traceparent=launch.traceparent)
             self._add(ex)
-            cmds.append(LaunchExecutor(ex.executor_id, ex.framework_id, ex.task_id))
+            cmds.append(LaunchExecutor(ex.executor_id, ex.framework_id, ex.task_id,
+                                       launch.traceparent))
         if cmds:
             cmds.append(SaveState(self.state()))
         return cmds
@@ -300,6 +306,13 @@ class AgentCore:
         ex.pid = pid
         return [SaveState(self.state())]
 
+    def launch_traced(self, executor_id: str, traceparent: str) -> list[Command]:
+        """The shell traces this launch: the executor's Launch carries `traceparent`."""
+        ex = self.executors.get(executor_id)
+        if ex is not None and traceparent:
+            ex.traceparent = traceparent
+        return []
+
     def executor_call(self, peer: bytes, call: executor_pb2.ExecutorCall,
                       now: float) -> list[Command]:
         ex = self.executors.get(call.executor_id)
@@ -324,7 +337,7 @@ class AgentCore:
                 launch = executor_pb2.ExecutorEvent()
                 launch.launch.framework_id = ex.framework_id
                 launch.launch.task.CopyFrom(ex.task)
-                cmds.append(ToExecutor(peer, launch))
+                cmds.append(ToExecutor(peer, launch, ex.traceparent))
             for status in sub.unacknowledged_updates:
                 cmds += self._executor_update(ex, status)
             if ex.kill_grace_s is not None:

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,13 @@ log = get_logger("agent.launcher")
 
 REPLY_TIMEOUT_S = 30.0  # the first reply waits for the helper's imports (~0.3 s on 2 cores)
 PRELOAD = ("services.executor.shell", "services.executor.docker_runtime",
-           "services.executor.process_runtime")
+           "services.executor.process_runtime", "services.telemetry.setup")
+# Tracing: the helper and its executors inherit the agent's environment (OTEL_*,
+# OFFERBUS_TRACES_DIR); each executor calls services.telemetry.setup() itself, after the fork
+# (the helper never creates a tracer provider: its exporter threads would not survive a fork).
+# Not inherited: the agent's own service name and single trace file (executors would write
+# into the agent's file); a file becomes its folder, where each executor writes its own.
+_NOT_INHERITED = ("OTEL_SERVICE_NAME", "OFFERBUS_TRACES_FILE")
 _PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
 
 
@@ -47,6 +53,16 @@ def sandbox_of(executor_id: str, argv: Sequence[str], work_dir: Path) -> Path:
         if arg.startswith("--work-dir="):
             return Path(arg.split("=", 1)[1])
     return work_dir / "sandboxes" / executor_id
+
+
+def executor_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment of the fork server, hence of every executor it forks."""
+    env = {k: v for k, v in environ.items() if k not in _NOT_INHERITED}
+    traces_file = environ.get("OFFERBUS_TRACES_FILE")
+    if traces_file and not env.get("OFFERBUS_TRACES_DIR"):
+        env["OFFERBUS_TRACES_DIR"] = str(Path(traces_file).resolve().parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_PROJECT_ROOT, env.get("PYTHONPATH")) if p)
+    return env
 
 
 class ExecutorLauncher:
@@ -68,9 +84,7 @@ class ExecutorLauncher:
         self._start()  # returns at once; the first launch waits for "ready"
 
     def _start(self) -> None:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PROJECT_ROOT, env.get("PYTHONPATH"))
-                                            if p)
+        env = executor_environment(os.environ)
         with open(self.work_dir / "launcher.log", "ab") as err:
             self._proc = subprocess.Popen(
                 [self.python, "-m", "services.agent.launcher"], stdin=subprocess.PIPE,
@@ -160,7 +174,8 @@ class ExecutorLauncher:
                 open(sandbox / "executor.stderr", "ab") as err:
             proc = subprocess.Popen([self.python, "-m", "services.executor", *argv],
                                     stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                    cwd=sandbox, start_new_session=True, close_fds=True)
+                                    env=executor_environment(os.environ), cwd=sandbox,
+                                    start_new_session=True, close_fds=True)
         self._direct.append(proc)
         return proc.pid
 

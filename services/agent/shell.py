@@ -16,6 +16,9 @@ from typing import Any
 
 import zmq
 from google.protobuf.json_format import MessageToDict
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import Span, StatusCode
 
 from schemas import common_pb2
 from services.agent import status_updates as su
@@ -44,6 +47,8 @@ from services.executor.runtime import Runtime, Stream
 from services.resources import Resources
 from services.shell.http import Response, StatusServer, json_response, text_response
 from services.shell.process import pid_alive
+from services.telemetry import extract, span_traceparent
+from services.telemetry import spans as sp
 
 log = get_logger("agent")
 
@@ -145,6 +150,8 @@ class AgentShell:
         self._launch_pool = ThreadPoolExecutor(1, thread_name_prefix="launch")
         self._launched: Mailbox[tuple[str, int | Exception]] = Mailbox()
         self.reactor.add_reader(self._launched, self._on_launched)
+        self._tracer = trace.get_tracer("offerbus.agent")
+        self._run_spans: dict[str, Span] = {}  # executor id -> its `run` span, until forked
         self.fence = EpochFence(frozenset({MASTER}))
         self.master = DealerClient(
             self.reactor, self.ctx, self.sender, self._on_master,
@@ -213,6 +220,15 @@ class AgentShell:
                 "--agent-id", self.core.agent_id,
                 "--work-dir", str(self.config.work_dir / "sandboxes" / cmd.executor_id),
                 "--runtime", self.config.runtime]
+        # The `run` span (under the master's launch span) lasts until the executor is
+        # forked; the executor's Launch carries it, so its `start` span is its child.
+        span = self._tracer.start_span(
+            sp.RUN, context=extract(cmd.traceparent) or Context(), attributes={
+                sp.TASK_ID: cmd.task_id, sp.EXECUTOR_ID: cmd.executor_id,
+                sp.FRAMEWORK_ID: cmd.framework_id, sp.AGENT_ID: self.core.agent_id,
+                sp.HOSTNAME: self.config.hostname, "offerbus.runtime": self.config.runtime})
+        self._run_spans[cmd.executor_id] = span
+        self._run(self.core.launch_traced(cmd.executor_id, span_traceparent(span)))
         self._launch_pool.submit(self._launch_blocking, cmd.executor_id, argv)
 
     def _launch_blocking(self, executor_id: str, argv: list[str]) -> None:
@@ -224,6 +240,14 @@ class AgentShell:
 
     def _on_launched(self) -> None:
         for executor_id, result in self._launched.drain():
+            span = self._run_spans.pop(executor_id, None)
+            if span is not None:
+                if isinstance(result, Exception):
+                    span.set_status(StatusCode.ERROR, f"could not start the executor: {result}")
+                    span.set_attribute(sp.REASON, "REASON_EXECUTOR_TERMINATED")
+                else:
+                    span.set_attribute("process.pid", result)
+                span.end()
             if isinstance(result, Exception):
                 log.error("executor launch failed", executor=executor_id, error=repr(result))
                 self._run(self.core.executor_launch_failed(executor_id, str(result),
@@ -309,6 +333,7 @@ class AgentShell:
             elif isinstance(cmd, ToExecutor):
                 env = codec.Envelope()
                 env.executor_event.CopyFrom(cmd.event)
+                env.traceparent = cmd.traceparent
                 self.executors.send(cmd.peer, env)
             elif isinstance(cmd, LaunchExecutor):
                 self._launch(cmd)
@@ -365,6 +390,9 @@ class AgentShell:
         self.executors.close()
         self.http.close()
         self._launch_pool.shutdown(wait=True)
+        for span in self._run_spans.values():  # forks still unanswered: end them anyway
+            span.end()
+        self._run_spans.clear()
         self.reactor.remove_reader(self._launched)
         self._launched.close()
         self.launcher.close()

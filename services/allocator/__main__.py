@@ -6,6 +6,7 @@ import argparse
 import socket
 import sys
 
+from services import telemetry
 from services.allocator.shell import AllocatorConfig, AllocatorShell
 from services.shell.process import add_cluster_args, serve, setup
 
@@ -24,11 +25,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-missed", type=int, default=5, help="beats missed before a peer is gone")
     args = ap.parse_args(argv)
     setup("allocator", args.log_level)
-    shell = AllocatorShell(AllocatorConfig(
-        allocator_id=args.id, election_url=args.cluster, host=args.host,
-        http_port=args.http_port, interval=args.interval, batch=args.batch,
-        heartbeat_interval=args.heartbeat, max_missed=args.max_missed))
-    return serve(shell)
+    telemetry.setup("offerbus-allocator", id=args.id)
+    try:
+        shell = AllocatorShell(AllocatorConfig(
+            allocator_id=args.id, election_url=args.cluster, host=args.host,
+            http_port=args.http_port, interval=args.interval, batch=args.batch,
+            heartbeat_interval=args.heartbeat, max_missed=args.max_missed))
+        return serve(shell)
+    finally:
+        telemetry.shutdown()  # flush the last spans
 
 
 if __name__ == "__main__":

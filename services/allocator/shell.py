@@ -12,9 +12,10 @@ from dataclasses import dataclass
 
 import zmq
 from google.protobuf.json_format import MessageToDict
+from opentelemetry import trace
 
 from schemas import internal_pb2
-from services.allocator.core import AllocatorCore, AllocatorError, Cycle, Decision
+from services.allocator.core import AllocatorCore, AllocatorError, Cycle, Decision, Outcome
 from services.allocator.feed import StreamFeed, norm
 from services.bus import codec
 from services.bus.election import LeaderChanged, LeaderInfo, detector_from_url
@@ -27,8 +28,13 @@ from services.bus.stats import Stats
 from services.bus.stream_core import Changed
 from services.shell.http import Response, StatusServer, json_response, text_response
 from services.shell.leader import LeaderLifecycle
+from services.telemetry import span_traceparent, spans
 
 log = get_logger("allocator")
+# A proxy until services.telemetry.setup() installs the provider: spans made after that
+# (or under a provider a test installs) are real; propagation works either way.
+tracer = trace.get_tracer("offerbus.allocator")
+MAX_SKIPPED = 20  # decisions listed on an allocate span
 
 Role = codec.Role
 Recover = internal_pb2.InternalMessage.RecoverResources
@@ -256,14 +262,41 @@ class AllocatorShell:
         if not (dealer.connected and self.subscriber.synced):
             return  # allocations nobody would receive would only be lost
         started = time.perf_counter()
-        now = time.time()
+        started_ns = time.time_ns()
+        now = started_ns / 1e9
         cycle = core.allocate(now)
         took = time.perf_counter() - started
         self._account(cycle, now, took)
         if cycle.allocations:
-            self._send(cycle.allocations_message())
+            self._send(self._traced_allocations(cycle, started_ns))
         self._tell_decisions(cycle)
         self._wake_for_filters(core, now)
+
+    def _traced_allocations(self, cycle: Cycle, started_ns: int) -> internal_pb2.InternalMessage:
+        """The cycle's Allocations, each the root of a new trace: one `allocate` span per
+        allocation (spanning the cycle), its traceparent in Allocation.traceparent."""
+        ended_ns = time.time_ns()
+        agents: dict[str, set[str]] = {}  # framework -> agents allocated to it this cycle
+        for a in cycle.allocations:
+            agents.setdefault(a.framework_id, set()).add(a.agent_id)
+        msg = internal_pb2.InternalMessage()
+        for a in cycle.allocations:
+            skipped = [f"{d.framework_id}: {d.outcome.name}: {d.reason}"
+                       for d in cycle.decisions
+                       if d.framework_id != a.framework_id and (
+                           d.outcome is not Outcome.OFFERED
+                           or a.agent_id not in agents.get(d.framework_id, ()))]
+            span = tracer.start_span(spans.ALLOCATE, start_time=started_ns, attributes={
+                spans.ALLOCATION_ID: a.allocation_id, spans.FRAMEWORK_ID: a.framework_id,
+                spans.AGENT_ID: a.agent_id, spans.ROLE: a.role,
+                spans.RESOURCES: str(a.resources), spans.DOMINANT_SHARE: a.dominant_share,
+                spans.DOMINANT_RESOURCE: a.dominant_resource, spans.WEIGHT: a.weight,
+                spans.CYCLE: a.cycle, spans.SKIPPED: skipped[:MAX_SKIPPED]})
+            span.end(end_time=ended_ns)
+            proto = a.to_proto()
+            proto.traceparent = span_traceparent(span)
+            msg.allocations.allocations.append(proto)
+        return msg
 
     def _tell_decisions(self, cycle: Cycle) -> None:
         """Decisions that changed go to the master (through the broker), which publishes

@@ -6,6 +6,7 @@ import argparse
 import socket
 import sys
 
+from services import telemetry
 from services.broker.core import DEFAULT_OFFER_TIMEOUT_S
 from services.broker.shell import BrokerConfig, BrokerShell
 from services.shell.process import add_cluster_args, serve, setup
@@ -26,12 +27,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-missed", type=int, default=5, help="beats missed before a peer is gone")
     args = ap.parse_args(argv)
     setup("broker", args.log_level)
-    shell = BrokerShell(BrokerConfig(
-        broker_id=args.id, election_url=args.cluster, host=args.host, port=args.port,
-        http_port=args.http_port, offer_timeout=args.offer_timeout,
-        launch_timeout=args.launch_timeout, heartbeat_interval=args.heartbeat,
-        max_missed=args.max_missed))
-    return serve(shell)
+    telemetry.setup("offerbus-broker", id=args.id)
+    try:
+        shell = BrokerShell(BrokerConfig(
+            broker_id=args.id, election_url=args.cluster, host=args.host, port=args.port,
+            http_port=args.http_port, offer_timeout=args.offer_timeout,
+            launch_timeout=args.launch_timeout, heartbeat_interval=args.heartbeat,
+            max_missed=args.max_missed))
+        return serve(shell)
+    finally:
+        telemetry.shutdown()  # flush the last spans (rescinds on the way out)
 
 
 if __name__ == "__main__":

@@ -18,10 +18,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import zmq
+from opentelemetry import trace
+from opentelemetry.trace import Span, Status, StatusCode
 
 from schemas import common_pb2, internal_pb2, state_pb2
 from services.broker.core import (
@@ -31,10 +35,12 @@ from services.broker.core import (
     BrokerCore,
     Command,
     LaunchRequest,
+    OfferState,
     RecoverResources,
     Rescind,
     SendOffers,
     coalesce,
+    refuse_seconds,
 )
 from services.bus import codec
 from services.bus.election import LeaderChanged, LeaderInfo, detector_from_url
@@ -48,8 +54,11 @@ from services.bus.stream_core import Changed
 from services.resources import Resources
 from services.shell.http import Response, StatusServer, text_response
 from services.shell.leader import LeaderLifecycle
+from services.telemetry import extract, span_traceparent, spans
 
 log = get_logger("broker")
+# A proxy until services.telemetry.setup() installs the provider (see the allocator).
+tracer = trace.get_tracer("offerbus.broker")
 
 Role = codec.Role
 MASTER = Role.Value("ROLE_MASTER")
@@ -113,6 +122,10 @@ class BrokerShell:
         self.launches: dict[str, _Launch] = {}
         self._commands: list[Command] = []  # gathered over one reactor wake-up
         self._held: list[internal_pb2.Allocation] = []  # until the state stream is synced
+        # Tracing: each outstanding offer's span (for its rescind and a validate without a
+        # parent), and each LaunchRequest's validate span (the master's launch continues it).
+        self._offer_tps: dict[str, str] = {}
+        self._launch_tps: dict[str, str] = {}
         self._tick: Timer | None = None
         self.leaderships = 0
         self.reactor.on_idle(self._flush)
@@ -133,6 +146,8 @@ class BrokerShell:
         self.agents.clear()
         self.launches.clear()
         self._held.clear()
+        self._offer_tps.clear()
+        self._launch_tps.clear()
         self.to_master = DealerClient(
             self.reactor, self.ctx, self.sender, self._on_master_message,
             on_connected=self._on_master_connected, heartbeat=self.beat, stats=self.stats,
@@ -220,7 +235,7 @@ class BrokerShell:
         msg, now = env.internal, time.time()
         which = msg.WhichOneof("kind")
         if which == "framework_call":
-            self._framework_call(core, msg.framework_call, now)
+            self._framework_call(core, msg.framework_call, now, env.traceparent)
         elif which == "launch_result":
             r = msg.launch_result
             self.launches.pop(r.request_id, None)
@@ -234,20 +249,32 @@ class BrokerShell:
             self.stats.inc("frames_dropped{reason=unexpected}")
 
     def _framework_call(self, core: BrokerCore,
-                        fc: internal_pb2.InternalMessage.FrameworkCall, now: float) -> None:
+                        fc: internal_pb2.InternalMessage.FrameworkCall, now: float,
+                        traceparent: str = "") -> None:
         call, fid = fc.call, fc.framework_id
         which = call.WhichOneof("call")
         if which == "accept":
             a = call.accept
             self.stats.inc("accepts")
-            self._commands += core.accept(fid, a.offer_ids, a.operations,
-                                          a.filters if a.HasField("filters") else None, now)
+            span = self._validate_span(fid, a.offer_ids, "accept", traceparent)
+            task_ids = [t.task_id for op in a.operations
+                        if op.WhichOneof("operation") == "launch" for t in op.launch.tasks]
+            span.set_attribute(spans.TASK_IDS, task_ids)
+            cmds = core.accept(fid, a.offer_ids, a.operations,
+                               a.filters if a.HasField("filters") else None, now)
+            self._commands += cmds
+            self._end_validate(span, cmds, a.offer_ids)
         elif which == "decline":
             d = call.decline
             self.stats.inc("declines")
-            self._commands += core.decline(fid, d.offer_ids,
-                                           d.filters if d.HasField("filters") else None, now,
-                                           d.reason)
+            filters = d.filters if d.HasField("filters") else None
+            span = self._validate_span(fid, d.offer_ids, "decline", traceparent)
+            span.set_attribute(spans.REFUSE_SECONDS, refuse_seconds(filters))
+            if d.reason:
+                span.set_attribute(spans.REASON, d.reason)
+            cmds = core.decline(fid, d.offer_ids, filters, now, d.reason)
+            self._commands += cmds
+            self._end_validate(span, cmds, d.offer_ids)
         elif which in ("revive", "suppress"):  # tolerated: relayed as the internal kinds
             roles = call.revive.roles if which == "revive" else call.suppress.roles
             msg = internal_pb2.InternalMessage()
@@ -256,6 +283,44 @@ class BrokerShell:
             self._send_allocator(msg)
         else:
             self.stats.inc(f"calls_ignored{{kind={which}}}")
+
+    def _validate_span(self, framework_id: str, offer_ids: Sequence[str], decision: str,
+                       traceparent: str) -> Span:
+        """A framework's ACCEPT/DECLINE, under its decide span (the envelope's traceparent)
+        or, when it sent none, under the first named offer's span."""
+        parent = extract(traceparent) or next(
+            (ctx for ctx in (extract(self._offer_tps.get(i, "")) for i in offer_ids) if ctx),
+            None)
+        return tracer.start_span(spans.VALIDATE, context=parent, attributes={
+            spans.FRAMEWORK_ID: framework_id, spans.OFFER_IDS: list(offer_ids),
+            spans.DECISION: decision})
+
+    def _end_validate(self, span: Span, cmds: Sequence[Command],
+                      offer_ids: Sequence[str]) -> None:
+        rejected = next((c for c in cmds if isinstance(c, AcceptRejected)), None)
+        ignored = [c.message for c in cmds
+                   if isinstance(c, Anomaly) and c.kind == "decline_ignored"]
+        if rejected is not None:
+            span.set_attributes({
+                spans.VALID: False,
+                spans.FAILED_CHECK: common_pb2.RejectReason.Name(rejected.reason)  # type: ignore[arg-type]
+                .removeprefix("REJECT_REASON_").lower(),
+                spans.REASON: rejected.message})
+            span.set_status(Status(StatusCode.ERROR, rejected.message))
+        elif ignored:
+            span.set_attributes({spans.VALID: False, spans.FAILED_CHECK: "offer_not_outstanding",
+                                 spans.REASON: "; ".join(ignored)})
+        else:
+            span.set_attribute(spans.VALID, True)
+        tp = span_traceparent(span)
+        for c in cmds:
+            if isinstance(c, LaunchRequest):
+                self._launch_tps[c.request_id] = tp
+        span.end()
+        for oid in offer_ids:  # used up (or never ours): their spans are no longer needed
+            if oid in self._offer_tps and self.core is not None and \
+                    self.core.state(oid) is not OfferState.OFFERED:
+                del self._offer_tps[oid]
 
     # -- the allocator -------------------------------------------------------------------
     def _on_allocator(self, peer: bytes, env: codec.Envelope) -> None:
@@ -279,12 +344,46 @@ class BrokerShell:
                 # Offers name the agent's hostname and attributes: wait for the stream.
                 self._held.extend(msg.allocations.allocations)
             else:
-                self._commands += core.allocations(msg.allocations.allocations, time.time())
+                self._offer(core, msg.allocations.allocations, time.time())
         elif msg.WhichOneof("kind") == "allocator_decisions":
             self.stats.inc("decisions_relayed", len(msg.allocator_decisions.decisions))
             self._send_master(msg)  # the master publishes them for `offerbus why`
         else:
             self.stats.inc("frames_dropped{reason=unexpected}")
+
+    def _offer(self, core: BrokerCore, allocations: Sequence[internal_pb2.Allocation],
+               now: float) -> None:
+        """One offer per allocation, each under an `offer` span, child of the allocation's
+        span: the core keeps the offer span's traceparent as Offer.traceparent, which is what
+        the framework receives."""
+        if not allocations:
+            self._commands += core.allocations((), now)
+            return
+        for a in allocations:
+            span = tracer.start_span(spans.OFFER, context=extract(a.traceparent), attributes={
+                spans.ALLOCATION_ID: a.allocation_id, spans.FRAMEWORK_ID: a.framework_id,
+                spans.AGENT_ID: a.agent_id})
+            traced = internal_pb2.Allocation()
+            traced.CopyFrom(a)
+            traced.traceparent = span_traceparent(span)
+            cmds = core.allocations((traced,), now)
+            self._commands += cmds
+            made = [o for c in cmds if isinstance(c, SendOffers) for o in c.offers
+                    if o.traceparent == traced.traceparent]
+            if made:
+                o = made[0]
+                self._offer_tps[o.offer_id] = o.traceparent
+                span.set_attributes({
+                    spans.OFFER_ID: o.offer_id, spans.HOSTNAME: o.hostname,
+                    spans.RESOURCES: str(o.resources),
+                    spans.EXPIRES_AT_US: 0 if math.isinf(o.expires_at)
+                    else int(o.expires_at * 1e6)})
+            else:
+                why = "; ".join(c.message for c in cmds if isinstance(c, Anomaly)) or \
+                    "no offer made"
+                span.set_attribute(spans.REASON, why)
+                span.set_status(Status(StatusCode.ERROR, why))
+            span.end()
 
     def _new_allocator(self, core: BrokerCore, epoch: int) -> None:
         """A new allocator leader counts every resource free: rescind what the old one
@@ -330,7 +429,7 @@ class BrokerShell:
                     self._commands += core.framework_removed(fid, now)
         if self._held:
             held, self._held = self._held, []
-            self._commands += core.allocations(held, now)
+            self._offer(core, held, now)
         if self.launches:
             self._resolve_launches(core, now, timed_out=False)
 
@@ -391,6 +490,7 @@ class BrokerShell:
         """Once per wake-up: one SendOffers per framework, one RecoverResources, ..."""
         if not self._commands:
             return
+        self._trace_rescinds(self._commands)  # before coalesce hides offers never shown
         cmds, self._commands = coalesce(self._commands), []
         for cmd in cmds:
             if isinstance(cmd, Anomaly):
@@ -414,9 +514,25 @@ class BrokerShell:
                 self.stats.inc("launch_requests")
                 self._track_launch(cmd)
             traceparent = ""
-            if isinstance(cmd, LaunchRequest) and cmd.traceparents:
-                traceparent = cmd.traceparents[0]
+            if isinstance(cmd, LaunchRequest):  # its validate span's (else its offer's)
+                traceparent = self._launch_tps.pop(cmd.request_id, "") or next(
+                    iter(cmd.traceparents), "")
+            elif isinstance(cmd, SendOffers):  # each Offer carries its own as well
+                traceparent = cmd.offers[0].traceparent
             self._send_master(cmd.to_proto(), traceparent)
+
+    def _trace_rescinds(self, cmds: Sequence[Command]) -> None:
+        """A `rescind` span under each rescinded (or expired) offer's span."""
+        for cmd in cmds:
+            if not isinstance(cmd, Rescind):
+                continue
+            why = RescindReason.Name(cmd.reason)  # type: ignore[arg-type]
+            why = why.removeprefix("RESCIND_REASON_").lower()
+            for oid in cmd.offer_ids:
+                tp = self._offer_tps.pop(oid, "")
+                tracer.start_span(spans.RESCIND, context=extract(tp), attributes={
+                    spans.OFFER_ID: oid, spans.FRAMEWORK_ID: cmd.framework_id,
+                    spans.REASON: f"{why}: {cmd.message}" if cmd.message else why}).end()
 
     def _track_launch(self, cmd: LaunchRequest) -> None:
         task_ids = tuple(t.task_id for op in cmd.operations

@@ -61,14 +61,24 @@ def running(run_dir: Path) -> dict[str, int]:
     return out
 
 
-def spawn(run_dir: Path, name: str, argv: list[str]) -> int:
-    """Start `python -m ...` detached, logging to run_dir/logs/NAME.log."""
+def traces_dir(run_dir: Path) -> Path:
+    """Where every process `up` (or `run`) starts writes its `<service>-<pid>.jsonl` spans."""
+    return run_dir / "traces"
+
+
+def spawn(run_dir: Path, name: str, argv: list[str], env: dict[str, str] | None = None) -> int:
+    """Start `python -m ...` detached, logging to run_dir/logs/NAME.log; `env` is added to
+    this process's environment. Spans go to the run dir's traces/ (OFFERBUS_TRACES_DIR:
+    one file per process; an inherited OFFERBUS_TRACES_FILE would make them share one)."""
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    traces_dir(run_dir).mkdir(parents=True, exist_ok=True)
+    child_env = {k: v for k, v in os.environ.items() if k != "OFFERBUS_TRACES_FILE"}
+    child_env.update({"OFFERBUS_TRACES_DIR": str(traces_dir(run_dir)), **(env or {})})
     _pids_dir(run_dir).mkdir(parents=True, exist_ok=True)
     log = open(run_dir / "logs" / f"{name}.log", "ab")  # noqa: SIM115 (kept by the child)
     proc = subprocess.Popen([sys.executable, *argv], stdout=log, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, start_new_session=True,
-                            cwd=Path.cwd())
+                            cwd=Path.cwd(), env=child_env)
     log.close()
     (_pids_dir(run_dir) / f"{name}.pid").write_text(str(proc.pid))
     _children[name] = proc
@@ -110,18 +120,21 @@ def up(opts: UpOptions) -> str:
         (run_dir / "cluster.url").write_text(url + "\n")
         status.update("starting master, allocator, offer-broker")
         common = ["--cluster", url]
+        traces = {"OFFERBUS_TRACES_DIR": str(traces_dir(run_dir))}
         beat = ["--heartbeat", str(opts.heartbeat)]
-        spawn(run_dir, "master", ["-m", "services.master", *common, *beat, "--id", "master-1"])
-        spawn(run_dir, "allocator", ["-m", "services.allocator", *common, "--id", "allocator-1"])
+        spawn(run_dir, "master", ["-m", "services.master", *common, *beat, "--id", "master-1"],
+              env=traces)
+        spawn(run_dir, "allocator", ["-m", "services.allocator", *common, "--id", "allocator-1"],
+              env=traces)
         spawn(run_dir, "broker", ["-m", "services.broker", *common, "--id", "broker-1",
-                                  "--offer-timeout", str(opts.offer_timeout)])
+                                  "--offer-timeout", str(opts.offer_timeout)], env=traces)
         for i in range(1, opts.agents + 1):
             name = f"agent-{i}"
             spawn(run_dir, name, [
                 "-m", "services.agent", *common, "--work-dir", str(run_dir / "agents" / name),
                 "--hostname", name, "--resources", opts.agent_resources,
                 "--attributes", f"rack:{RACKS[(i - 1) % len(RACKS)]}",
-                "--runtime", opts.runtime, *beat])
+                "--runtime", opts.runtime, *beat], env=traces)
         wait_ready(url, run_dir, opts.agents, opts.timeout, status)
     console.print(f"[green]cluster up[/] in {run_dir}: master, allocator, offer-broker and "
                   f"{opts.agents} agents; election and registry at {url}")

@@ -12,7 +12,7 @@ from typing import Any
 from rich.console import Console
 
 from schemas import agent_pb2, operator_pb2
-from services.cli import cluster, views
+from services.cli import cluster, trace, views, why
 from services.cli.client import (
     DEFAULT_RUN_DIR,
     CliError,
@@ -154,6 +154,14 @@ def cmd_scale(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_trace(args: argparse.Namespace) -> int:
+    return trace.cmd_trace(args, console)
+
+
+def cmd_why(args: argparse.Namespace) -> int:
+    return why.cmd_why(args, console)
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="offerbus", description="Offerbus cluster manager.")
     ap.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR,
@@ -199,6 +207,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("name")
     p.add_argument("instances", type=int)
     p.set_defaults(fn=cmd_scale)
+    trace.add_parser(sub)
+    sub.choices["trace"].set_defaults(fn=cmd_trace)
+    why.add_parser(sub)
+    sub.choices["why"].set_defaults(fn=cmd_why)
     return ap
 
 

@@ -37,6 +37,7 @@ EXIT_AGENT_GONE = 3  # gave up on the agent: the task was killed
 class StartContainer:
     task: TaskInfo
     framework_id: str
+    traceparent: str = ""  # the Launch envelope's: the parent of the shell's `start` span
 
 
 @dataclass(frozen=True)
@@ -134,7 +135,8 @@ class ExecutorCore:
         return []
 
     # -- task ------------------------------------------------------------------------------
-    def launch(self, task: TaskInfo, framework_id: str, now: float) -> list[Command]:
+    def launch(self, task: TaskInfo, framework_id: str, now: float,
+               traceparent: str = "") -> list[Command]:
         if self.exited or self.abandoned or self.shutdown_requested:
             return []
         if self.task is not None:
@@ -154,7 +156,8 @@ class ExecutorCore:
         if task.HasField("kill_grace_period_s"):
             self.grace_s = max(task.kill_grace_period_s, 0.0)
         self.start_in_flight = True
-        return [self._report(now, tasks.STARTING), StartContainer(task, self.framework_id)]
+        return [self._report(now, tasks.STARTING),
+                StartContainer(task, self.framework_id, traceparent)]
 
     def container_started(self, container_id: str, now: float) -> list[Command]:
         if not self.start_in_flight:

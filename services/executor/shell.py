@@ -18,9 +18,13 @@ from types import FrameType
 from typing import Any
 
 import zmq
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import Link, SpanContext, StatusCode
 from zmq.utils.monitor import recv_monitor_message
 
 from schemas import common_pb2, executor_pb2
+from services import tasks, telemetry
 from services.bus import codec
 from services.bus.log import get_logger
 from services.bus.mailbox import Mailbox
@@ -35,6 +39,7 @@ from services.executor.runtime import (
     RuntimeFailure,
     spec_from_task,
 )
+from services.telemetry import spans as sp
 
 log = get_logger("executor")
 
@@ -44,6 +49,7 @@ WAIT_SLICE_S = 30.0  # the waiter thread's runtime.wait() timeout per call
 SAVED_LOG_BYTES = 1 << 20  # container output copied to the sandbox before removal
 SIGTERM_EXIT_SLACK_S = 10.0
 KILL_ATTEMPTS = 5  # after SIGTERM: exit by grace + this even without an ack
+EXIT_CODE = "offerbus.exit_code"  # span attribute: the task's exit code (status spans)
 
 Event = Callable[[float], list[ec.Command]]  # a core call, made in the reactor thread
 
@@ -110,6 +116,9 @@ class ExecutorShell:
             on_connected=self._on_connected, on_gone=self._on_gone, on_link=self._on_link,
             heartbeat=HeartbeatConfig(args.heartbeat), name="agent")
         self._subscribe_retry = self.reactor.every(SUBSCRIBE_RETRY_S, self._resubscribe)
+        self._tracer = trace.get_tracer("offerbus.executor")
+        self._start_span: SpanContext | None = None  # set by the worker before it reports
+        self._traced_status: set[bytes] = set()  # terminal updates already traced (by uuid)
 
     # -- running ---------------------------------------------------------------------------
     def run(self) -> int:
@@ -130,7 +139,7 @@ class ExecutorShell:
             if isinstance(cmd, ec.SendUpdate):
                 self._send_update(cmd.status)
             elif isinstance(cmd, ec.StartContainer):
-                self.worker.submit(self._start, cmd.task, cmd.framework_id)
+                self.worker.submit(self._start, cmd.task, cmd.framework_id, cmd.traceparent)
             elif isinstance(cmd, ec.KillContainer):
                 self.worker.submit(self._kill, cmd.grace_s)
             elif isinstance(cmd, ec.Exit):
@@ -163,6 +172,9 @@ class ExecutorShell:
         self.dealer.send(env)
 
     def _send_update(self, status: common_pb2.TaskStatus) -> None:
+        if tasks.is_terminal(status.state) and status.uuid not in self._traced_status:
+            self._traced_status.add(status.uuid)  # retries of this update are not traced
+            self._trace_status(status)
         call = self._call()
         call.update.status.CopyFrom(status)
         self._send(call)
@@ -211,7 +223,9 @@ class ExecutorShell:
             self._event(lambda now: self.core.subscribed(ev.subscribed.agent_id, now))
         elif kind == "launch":
             log.info("launch", task=ev.launch.task.task_id)
-            self._event(lambda now: self.core.launch(ev.launch.task, ev.launch.framework_id, now))
+            tp = env.traceparent
+            self._event(lambda now: self.core.launch(ev.launch.task, ev.launch.framework_id,
+                                                     now, tp))
         elif kind == "kill":
             grace = ev.kill.kill_grace_period_s if ev.kill.HasField("kill_grace_period_s") else None
             log.info("kill", task=ev.kill.task_id, grace_s=grace)
@@ -231,23 +245,42 @@ class ExecutorShell:
         for fn in self.mailbox.drain():
             self._event(fn)
 
-    def _start(self, task: common_pb2.TaskInfo, framework_id: str) -> None:
+    def _start(self, task: common_pb2.TaskInfo, framework_id: str, traceparent: str = "") -> None:
         spec = spec_from_task(task, framework_id=framework_id, executor_id=self.core.executor_id,
                               agent_id=self.core.agent_id, sandbox=str(self.work_dir))
         started = time.monotonic()
+        # The `start` span (under the agent's `run` span, named by the Launch envelope)
+        # covers creating and starting the container.
+        span = self._tracer.start_span(
+            sp.START, context=telemetry.extract(traceparent) or Context(), attributes={
+                sp.TASK_ID: task.task_id, sp.EXECUTOR_ID: self.core.executor_id,
+                sp.FRAMEWORK_ID: framework_id, sp.AGENT_ID: self.core.agent_id,
+                sp.IMAGE: spec.image, "offerbus.runtime": self.runtime.name})
         try:
-            handle = self.runtime.start(spec)
-        except LaunchError as exc:
-            log.warning("launch failed", reason=exc.reason, error=exc.message)
-            reason, message = exc.reason, exc.message
-            self.mailbox.put(lambda now: self.core.launch_failed(reason, message, now))
-            return
-        except Exception as exc:  # any engine failure fails the task, never the executor
-            log.error("launch failed", error=repr(exc))
-            text = f"launch failed: {exc}"
-            self.mailbox.put(
-                lambda now: self.core.launch_failed(REASON_CONTAINER_LAUNCH_FAILED, text, now))
-            return
+            try:
+                handle = self.runtime.start(spec)
+            except LaunchError as exc:
+                log.warning("launch failed", reason=exc.reason, error=exc.message)
+                reason, message = exc.reason, exc.message
+                span.set_status(StatusCode.ERROR, message)
+                span.set_attribute(sp.REASON, _reason_name(reason))
+                self._start_span = span.get_span_context()
+                self.mailbox.put(lambda now: self.core.launch_failed(reason, message, now))
+                return
+            except Exception as exc:  # any engine failure fails the task, never the executor
+                log.error("launch failed", error=repr(exc))
+                text = f"launch failed: {exc}"
+                span.set_status(StatusCode.ERROR, text)
+                span.set_attribute(sp.REASON, _reason_name(REASON_CONTAINER_LAUNCH_FAILED))
+                self._start_span = span.get_span_context()
+                self.mailbox.put(lambda now: self.core.launch_failed(
+                    REASON_CONTAINER_LAUNCH_FAILED, text, now))
+                return
+            span.set_attribute(sp.CONTAINER_ID, handle.container_id)
+            span.add_event("TASK_RUNNING", {sp.CONTAINER_ID: handle.container_id})
+            self._start_span = span.get_span_context()
+        finally:
+            span.end()
         log.info("container started", container=handle.container_id[:12],
                  took_ms=round((time.monotonic() - started) * 1000, 1))
         self.handle = handle
@@ -280,6 +313,27 @@ class ExecutorShell:
             except RuntimeFailure as exc:  # e.g. the engine restarting: try again shortly
                 log.error("kill failed", attempt=attempt, error=str(exc))
                 pause.wait(1.0)
+
+    def _trace_status(self, status: common_pb2.TaskStatus) -> None:
+        """A `status` span for the task's terminal update, linked to its `start` span."""
+        links = [Link(self._start_span)] if self._start_span is not None else []
+        attrs: dict[str, str | int] = {
+            sp.TASK_ID: status.task_id, sp.EXECUTOR_ID: self.core.executor_id,
+            sp.FRAMEWORK_ID: self.core.framework_id, sp.AGENT_ID: status.agent_id,
+            sp.TASK_STATE: common_pb2.TaskState.Name(status.state),
+            sp.REASON: _reason_name(status.reason)}
+        if status.container_id:
+            attrs[sp.CONTAINER_ID] = status.container_id
+        if status.HasField("exit_code"):
+            attrs[EXIT_CODE] = status.exit_code
+        span = self._tracer.start_span(sp.STATUS, context=Context(), links=links,
+                                       attributes=attrs)
+        if status.message:
+            span.set_attribute("offerbus.message", status.message)
+        if status.state != tasks.FINISHED:
+            span.set_status(StatusCode.ERROR,
+                            status.message or common_pb2.TaskState.Name(status.state))
+        span.end()
 
     # -- exit ------------------------------------------------------------------------------
     def _finish(self, cmd: ec.Exit) -> None:
@@ -316,6 +370,13 @@ class ExecutorShell:
         if self.exit_code is None and not (self.core.container_running
                                            or self.core.start_in_flight):
             self._finish(ec.Exit(1, "terminated; last update not acknowledged"))
+
+
+def _reason_name(reason: int) -> str:
+    try:
+        return common_pb2.TaskStatus.Reason.Name(reason)  # type: ignore[arg-type]
+    except ValueError:
+        return str(reason)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -361,9 +422,16 @@ def main(argv: list[str] | None = None) -> int:
     work_dir = Path(args.work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
     _configure_logging(work_dir, args.executor_id, args.log_level)
+    # Here, in the forked executor (never in the fork server): the exporter's thread.
+    telemetry.setup("offerbus-executor", executor_id=args.executor_id, task_id=args.task_id,
+                    framework_id=args.framework_id, agent_id=args.agent_id)
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     try:
         shell = ExecutorShell(args, make_runtime(args.runtime, work_dir), ctx)
         return shell.run()
     finally:
         ctx.destroy(linger=0)
+        try:
+            telemetry.shutdown()  # flush the spans before the process leaves (os._exit)
+        except Exception as exc:
+            log.warning("trace flush failed", error=repr(exc))

@@ -6,6 +6,7 @@ import argparse
 import socket
 import sys
 
+from services import telemetry
 from services.master.shell import MasterConfig, MasterShell
 from services.shell.process import add_cluster_args, serve, setup
 
@@ -25,13 +26,17 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds agents have to re-register after a failover")
     args = ap.parse_args(argv)
     setup("master", args.log_level)
-    shell = MasterShell(MasterConfig(
-        master_id=args.id, election_url=args.cluster, registry_url=args.cluster,
-        host=args.host, front_port=args.port, internal_port=args.internal_port,
-        pub_port=args.pub_port, snapshot_port=args.snapshot_port, http_port=args.http_port,
-        heartbeat_interval=args.heartbeat, max_missed=args.max_missed,
-        agent_reregister_window_s=args.reregister_window))
-    return serve(shell)
+    telemetry.setup("offerbus-master", id=args.id)
+    try:
+        shell = MasterShell(MasterConfig(
+            master_id=args.id, election_url=args.cluster, registry_url=args.cluster,
+            host=args.host, front_port=args.port, internal_port=args.internal_port,
+            pub_port=args.pub_port, snapshot_port=args.snapshot_port, http_port=args.http_port,
+            heartbeat_interval=args.heartbeat, max_missed=args.max_missed,
+            agent_reregister_window_s=args.reregister_window))
+        return serve(shell)
+    finally:
+        telemetry.shutdown()  # flush the last spans
 
 
 if __name__ == "__main__":

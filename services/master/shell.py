@@ -12,8 +12,11 @@ from typing import Any
 
 import zmq
 from google.protobuf.json_format import MessageToDict
+from opentelemetry import trace
+from opentelemetry.trace import Link, Span, Status, StatusCode
 
-from schemas import bus_pb2, common_pb2, state_pb2
+from schemas import bus_pb2, common_pb2, internal_pb2, scheduler_pb2, state_pb2
+from services import tasks
 from services.bus import codec
 from services.bus.epoch import EpochFence
 from services.bus.log import get_logger
@@ -35,8 +38,13 @@ from services.master.core import MasterCore
 from services.master.registry import Registry, StaleEpoch, registry_from_url
 from services.shell.http import Response, StatusServer, json_response, text_response
 from services.shell.leader import LeaderLifecycle
+from services.telemetry import extract, span_traceparent, spans
 
 log = get_logger("master")
+# A proxy until services.telemetry.setup() installs the provider (see the allocator).
+tracer = trace.get_tracer("offerbus.master")
+TRACED_STATES = tasks.TERMINAL | {tasks.RUNNING}  # status spans: not every update
+RECONCILIATION = common_pb2.TaskStatus.Reason.REASON_RECONCILIATION
 
 Role = codec.Role
 FRONT_PAYLOADS = frozenset({"agent_call", "scheduler_call", "operator_call"})
@@ -159,8 +167,57 @@ class MasterShell:
             # older broker epoch are rescinded to their frameworks.
             self._broker = (peer, env.epoch)
             cmds += core.broker_connected(peer, offer_prefix=str(env.epoch), now=now)
-        cmds += core.internal_message(peer, env.internal, now, env.traceparent)
-        self._run(cmds, env.traceparent)
+        traceparent = env.traceparent
+        span: Span | None = None
+        if env.internal.WhichOneof("kind") == "launch_request":
+            # The launch continues the broker's validate span; the core records the launch
+            # span's traceparent on the tasks and hands it to the agent with each task.
+            span = self._launch_span(env.internal.launch_request, traceparent)
+            traceparent = span_traceparent(span)
+        cmds += core.internal_message(peer, env.internal, now, traceparent)
+        if span is not None:
+            self._end_launch(span, cmds)
+        self._run(cmds, traceparent)
+
+    def _launch_span(self, req: internal_pb2.InternalMessage.LaunchRequest,
+                     traceparent: str) -> Span:
+        return tracer.start_span(spans.LAUNCH, context=extract(traceparent), attributes={
+            spans.FRAMEWORK_ID: req.framework_id, spans.AGENT_ID: req.agent_id,
+            spans.OFFER_IDS: list(req.offer_ids),
+            spans.TASK_IDS: [t.task_id for op in req.operations
+                             if op.WhichOneof("operation") == "launch"
+                             for t in op.launch.tasks]})
+
+    def _end_launch(self, span: Span, cmds: list[Command]) -> None:
+        result = next((c.message.launch_result for c in cmds if isinstance(c, ToBroker)
+                       and c.message.WhichOneof("kind") == "launch_result"), None)
+        if result is not None and not result.accepted:
+            span.set_attributes({
+                spans.VALID: False,
+                spans.FAILED_CHECK: common_pb2.RejectReason.Name(result.reason)
+                .removeprefix("REJECT_REASON_").lower(),
+                spans.REASON: result.message})
+            span.set_status(Status(StatusCode.ERROR, result.message))
+        else:
+            span.set_attribute(spans.VALID, result is not None)
+        span.end()
+
+    def _trace_updates(self, framework_id: str, update: scheduler_pb2.SchedulerEvent.Update,
+                       ) -> None:
+        """A `status` span per RUNNING or terminal update forwarded, linked to the trace
+        that launched the task (TaskRecord.traceparent)."""
+        for st in update.statuses:
+            if st.state not in TRACED_STATES or st.reason == RECONCILIATION:
+                continue
+            task = self.core.tasks.get((framework_id, st.task_id)) if self.core else None
+            ctx = extract(task.traceparent) if task is not None else None
+            links = [Link(trace.get_current_span(ctx).get_span_context())] if ctx else []
+            tracer.start_span(spans.STATUS, links=links, attributes={
+                spans.FRAMEWORK_ID: framework_id, spans.TASK_ID: st.task_id,
+                spans.AGENT_ID: st.agent_id,
+                spans.TASK_STATE: common_pb2.TaskState.Name(st.state),
+                spans.REASON: common_pb2.TaskStatus.Reason.Name(st.reason)
+                + (f": {st.message}" if st.message else "")}).end()
 
     def _core_or_reject(self, server: RouterServer, peer: bytes,
                         env: codec.Envelope) -> MasterCore | None:
@@ -190,7 +247,13 @@ class MasterShell:
                 env.agent_event.CopyFrom(cmd.event)
                 self._send(self.front, cmd.peer, env)
             elif isinstance(cmd, ToFramework):
-                env = codec.Envelope(traceparent=cmd.traceparent or traceparent)
+                kind = cmd.event.WhichOneof("event")
+                tp = cmd.traceparent or traceparent
+                if kind == "offers" and not tp and cmd.event.offers.offers:
+                    tp = cmd.event.offers.offers[0].traceparent  # each offer keeps its own
+                elif kind == "update":
+                    self._trace_updates(cmd.framework_id, cmd.event.update)
+                env = codec.Envelope(traceparent=tp)
                 env.scheduler_event.CopyFrom(cmd.event)
                 self._send(self.front, cmd.peer, env)
             elif isinstance(cmd, ToBroker):

@@ -170,7 +170,8 @@ def test_subscribe_offers_accept_ack_and_master_failover(
         assert list(accept.accept.offer_ids) == ["o1", "o2"]
         assert [t.task_id for t in accept.accept.operations[0].launch.tasks] == ["t1"]
         assert accept.framework_id == "fw-1" and env.sender_id == "fw-1"
-        assert env.traceparent == offer("o1").traceparent
+        # The decide span's traceparent: the offer's trace, a new (child) span.
+        assert env.traceparent.split("-")[1] == offer("o1").traceparent.split("-")[1]
 
         # An update with a uuid is acknowledged, after the scheduler has seen it.
         status = common_pb2.TaskStatus(task_id="t1", state=common_pb2.TASK_RUNNING,

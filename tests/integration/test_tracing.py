@@ -1,0 +1,148 @@
+"""One connected trace per offer on a real cluster: allocate (allocator) -> offer (broker)
+-> decide (framework) -> validate (broker) -> launch (master) -> run (agent) -> start
+(executor, TASK_RUNNING), each hop a separate process writing its own OTLP-JSON file; and
+`offerbus trace` shows it."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infra.zookeeper import ZooKeeperServer
+from services.cli import cluster as local_cluster
+from services.telemetry import spans as S
+from services.telemetry.file_exporter import read_spans
+from tests.e2e import Cluster
+from tests.waiting import wait_for
+
+CHAIN = [  # (span name, service) from the task back to the allocation
+    (S.START, "offerbus-executor"), (S.RUN, "offerbus-agent"), (S.LAUNCH, "offerbus-master"),
+    (S.VALIDATE, "offerbus-broker"), (S.DECIDE, "offerbus-framework"),
+    (S.OFFER, "offerbus-broker"), (S.ALLOCATE, "offerbus-allocator"),
+]
+
+
+@pytest.fixture(scope="module")
+def cluster(zk: ZooKeeperServer, zk_admin: Any, tmp_path_factory: pytest.TempPathFactory,
+            docker_client: Any, busybox_image: str) -> Iterator[Cluster]:
+    chroot = f"/trace-{uuid.uuid4().hex[:8]}"
+    zk_admin.create(chroot)
+    run_dir = tmp_path_factory.mktemp("traced")
+    local_cluster.up(local_cluster.UpOptions(
+        run_dir=run_dir, agents=2, cluster_url=f"zk://{zk.hosts}{chroot}", timeout=60,
+        agent_resources="cpus:2;mem:2048;disk:10240;ports:[31000-31999]"))
+    try:
+        yield Cluster(f"zk://{zk.hosts}{chroot}", run_dir)
+    finally:
+        local_cluster.down(run_dir)
+
+
+def all_spans(traces: Path) -> list[dict[str, Any]]:
+    return [s for f in sorted(traces.glob("*.jsonl")) for s in read_spans(f)]
+
+
+def chain_for(spans: list[dict[str, Any]], task_id: str) -> list[dict[str, Any]] | None:
+    """The spans from the task's executor `start` up to its `allocate`, or None if any hop
+    is missing (yet)."""
+    by_id = {(s["traceId"], s["spanId"]): s for s in spans}
+    start = next((s for s in spans if s["name"] == S.START
+                  and s["attrs"].get(S.TASK_ID) == task_id
+                  and any(e.get("name") == "TASK_RUNNING" for e in s.get("events", []))), None)
+    if start is None:
+        return None
+    chain = [start]
+    while chain[-1].get("parentSpanId"):
+        parent = by_id.get((chain[-1]["traceId"], chain[-1]["parentSpanId"]))
+        if parent is None:
+            return None
+        chain.append(parent)
+    return chain
+
+
+def test_a_task_has_one_trace_from_allocation_to_running(cluster: Cluster) -> None:
+    traces = cluster.run_dir / "traces"
+    cluster.cli("--timeout", "60", "run", "--name", "traced", "--image",
+                "offerbus/busybox:latest", "--instances", "1", "--", "sleep", "3600")
+    task_id = "traced-0-1"
+    found: list[list[dict[str, Any]]] = []
+
+    def complete() -> bool:
+        chain = chain_for(all_spans(traces), task_id)
+        if chain is not None and [s["name"] for s in chain] == [n for n, _ in CHAIN]:
+            found.append(chain)
+            return True
+        return False
+
+    wait_for(complete, 30, message=lambda: "spans so far: " + ", ".join(
+        sorted({f"{s['resource'].get('service.name')}/{s['name']}" for s in all_spans(traces)})))
+    chain = found[-1]
+    assert len({s["traceId"] for s in chain}) == 1
+    assert [s["resource"]["service.name"] for s in chain] == [svc for _, svc in CHAIN]
+    named = {s["name"]: s["attrs"] for s in chain}
+    assert named[S.START][S.IMAGE] == "offerbus/busybox:latest" and named[S.START][
+        S.CONTAINER_ID]
+    assert named[S.DECIDE][S.DECISION] == "accept" and task_id in named[S.DECIDE][S.TASK_IDS]
+    assert named[S.VALIDATE][S.VALID] is True
+    assert named[S.ALLOCATE][S.FRAMEWORK_ID] == named[S.DECIDE][S.FRAMEWORK_ID]
+    assert 0.0 <= float(named[S.ALLOCATE][S.DOMINANT_SHARE]) <= 1.0
+    assert named[S.OFFER][S.OFFER_ID] in named[S.DECIDE][S.OFFER_IDS]
+    # Each hop starts no earlier than its parent.
+    starts = [int(s["startTimeUnixNano"]) for s in reversed(chain)]
+    assert starts == sorted(starts)
+
+    # The operator's view of the same trace.
+    out = cluster.cli("trace", "task", task_id)
+    for name, service in CHAIN:
+        assert name in out and service in out
+
+
+def test_why_a_task_that_fits_no_agent_is_pending(cluster: Cluster) -> None:
+    cluster.cli("run", "--name", "huge", "--image", "offerbus/busybox:latest", "--instances",
+                "1", "--mem", "100000", "--no-wait", "--", "sleep", "3600")
+    outputs: list[str] = []
+
+    def explained() -> bool:
+        outputs.append(cluster.cli("why", "huge-0-1"))
+        return "no offer fits" in outputs[-1] and "mem:100000" in outputs[-1]
+
+    wait_for(explained, 30, message=lambda: f"why said: {outputs[-1] if outputs else ''}")
+
+
+def test_why_a_framework_that_suppressed_gets_no_offers(cluster: Cluster) -> None:
+    cluster.cli("--timeout", "60", "run", "--name", "calm", "--image",
+                "offerbus/busybox:latest", "--instances", "1", "--", "sleep", "3600")
+    outputs: list[str] = []
+
+    def explained() -> bool:  # all its instances run, so the service suppressed offers
+        outputs.append(cluster.cli("why", "calm"))
+        return "suppressed" in outputs[-1]
+
+    wait_for(explained, 30, message=lambda: f"why said: {outputs[-1] if outputs else ''}")
+
+
+def test_why_decline_filters_hide_the_agents(cluster: Cluster) -> None:
+    from frameworks.sdk.driver import SchedulerDriver
+    from tests.e2e import Recorder, framework
+
+    rec = Recorder(on_offers=lambda d, offers: [
+        d.decline([o.offer_id], 120.0, reason="not today") for o in offers])
+    driver = SchedulerDriver(rec, framework("picky"), cluster.url)
+    driver.start()
+    try:
+        outputs: list[str] = []
+        agents = cluster.agent_ids()
+
+        def explained() -> bool:
+            outputs.append(cluster.cli("why", "picky"))
+            return f"decline filters hide {len(agents)} agent(s)" in outputs[-1]
+
+        wait_for(explained, 30, message=lambda: f"why said: {outputs[-1] if outputs else ''}")
+        assert any(agent in outputs[-1] for agent in agents)
+        assert "REVIVE" in outputs[-1]
+    finally:
+        driver.stop()
+        driver.join(10)
