@@ -20,7 +20,8 @@ from services.shell.process import pid_alive
 
 console = Console()
 RACKS = ("a", "b", "c")
-_children: dict[str, subprocess.Popen[bytes]] = {}  # processes this process started
+# Processes this process started, by (run dir, name): a cluster's own are checked and reaped.
+_children: dict[tuple[Path, str], subprocess.Popen[bytes]] = {}
 
 
 @dataclass
@@ -81,7 +82,7 @@ def spawn(run_dir: Path, name: str, argv: list[str], env: dict[str, str] | None 
                             cwd=Path.cwd(), env=child_env)
     log.close()
     (_pids_dir(run_dir) / f"{name}.pid").write_text(str(proc.pid))
-    _children[name] = proc
+    _children[(run_dir.resolve(), name)] = proc
     return proc.pid
 
 
@@ -146,7 +147,8 @@ def wait_ready(url: str, run_dir: Path, agents: int, timeout: float, status: obj
     deadline = time.monotonic() + timeout
     last = ""
     while time.monotonic() < deadline:
-        dead = [n for n, proc in _children.items() if proc.poll() is not None]
+        dead = [n for (d, n), proc in _children.items()
+                if d == run_dir.resolve() and proc.poll() is not None]
         if dead:
             raise CliError(f"{', '.join(dead)} exited during start-up; see "
                            f"{run_dir / 'logs'}/{dead[0]}.log")
@@ -215,6 +217,8 @@ def down(run_dir: Path, timeout: float = 15.0) -> None:
                             str(run_dir / "zk")], stdout=subprocess.DEVNULL, check=False)
     for pid_file in _pids_dir(run_dir).glob("*.pid"):
         pid_file.unlink()
+    for key in [k for k in _children if k[0] == run_dir]:
+        _children.pop(key).poll()
     console.print(f"[green]cluster down[/]: {len(procs)} processes stopped, "
                   f"{removed} containers removed")
 
