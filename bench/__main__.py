@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import sys
 
-from bench import bus, launch
+from bench import bus, launch, tracing
 
-BENCHES = {"bus": bus.main, "launch": launch.main}
+BENCHES = {"bus": bus.main, "launch": launch.main, "tracing": tracing.main}
 
 
 def main(argv: list[str]) -> int:

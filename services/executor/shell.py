@@ -257,35 +257,37 @@ class ExecutorShell:
                 sp.FRAMEWORK_ID: framework_id, sp.AGENT_ID: self.core.agent_id,
                 sp.IMAGE: spec.image, "offerbus.runtime": self.runtime.name})
         try:
-            try:
-                handle = self.runtime.start(spec)
-            except LaunchError as exc:
-                log.warning("launch failed", reason=exc.reason, error=exc.message)
-                reason, message = exc.reason, exc.message
-                span.set_status(StatusCode.ERROR, message)
-                span.set_attribute(sp.REASON, _reason_name(reason))
-                self._start_span = span.get_span_context()
-                self.mailbox.put(lambda now: self.core.launch_failed(reason, message, now))
-                return
-            except Exception as exc:  # any engine failure fails the task, never the executor
-                log.error("launch failed", error=repr(exc))
-                text = f"launch failed: {exc}"
-                span.set_status(StatusCode.ERROR, text)
-                span.set_attribute(sp.REASON, _reason_name(REASON_CONTAINER_LAUNCH_FAILED))
-                self._start_span = span.get_span_context()
-                self.mailbox.put(lambda now: self.core.launch_failed(
-                    REASON_CONTAINER_LAUNCH_FAILED, text, now))
-                return
-            span.set_attribute(sp.CONTAINER_ID, handle.container_id)
-            span.add_event("TASK_RUNNING", {sp.CONTAINER_ID: handle.container_id})
-            self._start_span = span.get_span_context()
-        finally:
-            span.end()
+            handle = self.runtime.start(spec)
+        except LaunchError as exc:
+            log.warning("launch failed", reason=exc.reason, error=exc.message)
+            reason, message = exc.reason, exc.message
+            self.mailbox.put(lambda now: self.core.launch_failed(reason, message, now))
+            span.set_status(StatusCode.ERROR, message)
+            span.set_attribute(sp.REASON, _reason_name(reason))
+            self._end_start_span(span)
+            return
+        except Exception as exc:  # any engine failure fails the task, never the executor
+            log.error("launch failed", error=repr(exc))
+            text = f"launch failed: {exc}"
+            self.mailbox.put(lambda now: self.core.launch_failed(
+                REASON_CONTAINER_LAUNCH_FAILED, text, now))
+            span.set_status(StatusCode.ERROR, text)
+            span.set_attribute(sp.REASON, _reason_name(REASON_CONTAINER_LAUNCH_FAILED))
+            self._end_start_span(span)
+            return
         log.info("container started", container=handle.container_id[:12],
                  took_ms=round((time.monotonic() - started) * 1000, 1))
         self.handle = handle
+        # Report first; the span's export (synchronous in executors) must not delay RUNNING.
         self.mailbox.put(lambda now: self.core.container_started(handle.container_id, now))
+        span.set_attribute(sp.CONTAINER_ID, handle.container_id)
+        span.add_event("TASK_RUNNING", {sp.CONTAINER_ID: handle.container_id})
+        self._end_start_span(span)
         threading.Thread(target=self._wait, args=(handle,), name="waiter", daemon=True).start()
+
+    def _end_start_span(self, span: trace.Span) -> None:
+        self._start_span = span.get_span_context()
+        span.end()
 
     def _wait(self, handle: Handle) -> None:
         backoff = threading.Event()
@@ -423,8 +425,9 @@ def main(argv: list[str] | None = None) -> int:
     work_dir.mkdir(parents=True, exist_ok=True)
     _configure_logging(work_dir, args.executor_id, args.log_level)
     # Here, in the forked executor (never in the fork server): the exporter's thread.
-    telemetry.setup("offerbus-executor", executor_id=args.executor_id, task_id=args.task_id,
-                    framework_id=args.framework_id, agent_id=args.agent_id)
+    telemetry.setup("offerbus-executor", batch=False, executor_id=args.executor_id,
+                    task_id=args.task_id, framework_id=args.framework_id,
+                    agent_id=args.agent_id)
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     try:
         shell = ExecutorShell(args, make_runtime(args.runtime, work_dir), ctx)
