@@ -5,6 +5,7 @@ backend; `offerbus trace` reads it."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import threading
@@ -22,8 +23,6 @@ _ID_FIELDS = ("traceId", "spanId", "parentSpanId")
 
 def _hex_ids(node: Any) -> Any:
     """OTLP/JSON writes trace and span ids as hex, where protobuf's JSON mapping uses base64."""
-    import base64
-
     if isinstance(node, dict):
         for key, value in node.items():
             if key in _ID_FIELDS and isinstance(value, str):
@@ -36,10 +35,88 @@ def _hex_ids(node: Any) -> Any:
     return node
 
 
-def to_otlp_json(spans: Sequence[ReadableSpan]) -> str:
+def to_otlp_json_via_protobuf(spans: Sequence[ReadableSpan]) -> str:
+    """The reference encoding (OTel's protobuf encoder + protobuf's JSON mapping): about
+    ten times slower than to_otlp_json; kept to check that one against."""
     request = encode_spans(spans)
     doc = MessageToDict(request, use_integers_for_enums=True)
     return json.dumps(_hex_ids(doc), separators=(",", ":"))
+
+
+def _value(v: Any) -> dict[str, Any]:
+    if isinstance(v, bool):
+        return {"boolValue": v}
+    if isinstance(v, int):
+        return {"intValue": str(v)}  # int64 is a string in proto3 JSON
+    if isinstance(v, float):
+        return {"doubleValue": v}
+    if isinstance(v, str):
+        return {"stringValue": v}
+    if isinstance(v, bytes):
+        return {"bytesValue": base64.b64encode(v).decode()}
+    if isinstance(v, list | tuple):
+        return {"arrayValue": {"values": [_value(x) for x in v]}}
+    return {"stringValue": str(v)}
+
+
+def _attrs(attrs: Any) -> list[dict[str, Any]]:
+    return [{"key": k, "value": _value(v)} for k, v in (attrs or {}).items()]
+
+
+def _flags(parent: Any) -> int:
+    """OTLP span/link flags: "has is-remote" (0x100), and "is remote" (0x200) when the
+    parent (or linked) context came from another process."""
+    return 0x100 | (0x200 if parent is not None and parent.is_remote else 0)
+
+
+def _span(span: ReadableSpan) -> dict[str, Any]:
+    ctx = span.context
+    assert ctx is not None
+    out: dict[str, Any] = {"traceId": f"{ctx.trace_id:032x}", "spanId": f"{ctx.span_id:016x}"}
+    if span.parent is not None:
+        out["parentSpanId"] = f"{span.parent.span_id:016x}"
+    out["flags"] = _flags(span.parent)
+    out["name"] = span.name
+    out["kind"] = span.kind.value + 1  # OTLP numbers SPAN_KIND_INTERNAL as 1
+    out["startTimeUnixNano"] = str(span.start_time or 0)
+    out["endTimeUnixNano"] = str(span.end_time or 0)
+    if span.attributes:
+        out["attributes"] = _attrs(span.attributes)
+    if span.events:
+        out["events"] = [{"timeUnixNano": str(e.timestamp), "name": e.name,
+                          **({"attributes": _attrs(e.attributes)} if e.attributes else {})}
+                         for e in span.events]
+    if span.links:
+        out["links"] = [{"traceId": f"{link.context.trace_id:032x}",
+                         "spanId": f"{link.context.span_id:016x}",
+                         "flags": _flags(link.context),
+                         **({"attributes": _attrs(link.attributes)} if link.attributes
+                            else {})} for link in span.links]
+    status: dict[str, Any] = {}
+    if span.status.status_code.value:
+        status["code"] = span.status.status_code.value  # UNSET 0, OK 1, ERROR 2
+    if span.status.description:
+        status["message"] = span.status.description
+    out["status"] = status
+    return out
+
+
+def to_otlp_json(spans: Sequence[ReadableSpan]) -> str:
+    """One ExportTraceServiceRequest in OTLP/JSON, written straight from the spans (the
+    exporters run in services' processes: the protobuf route held the GIL ~0.25 ms a span)."""
+    groups: dict[int, tuple[Any, dict[tuple[str, str], list[dict[str, Any]]]]] = {}
+    for span in spans:
+        resource_key = id(span.resource)
+        _, scopes = groups.setdefault(resource_key, (span.resource, {}))
+        scope = span.instrumentation_scope
+        key = (scope.name if scope else "", (scope.version or "") if scope else "")
+        scopes.setdefault(key, []).append(_span(span))
+    doc = {"resourceSpans": [
+        {"resource": {"attributes": _attrs(resource.attributes)},
+         "scopeSpans": [{"scope": {"name": name, **({"version": version} if version else {})},
+                         "spans": items} for (name, version), items in scopes.items()]}
+        for resource, scopes in groups.values()]}
+    return json.dumps(doc, separators=(",", ":"))
 
 
 class OtlpJsonFileExporter(SpanExporter):

@@ -49,3 +49,51 @@ def test_empty_or_garbled_traceparents_name_no_parent(tmp_path: Path) -> None:
     torn = tmp_path / "torn.jsonl"
     torn.write_text('{"resourceSpans": [\n')
     assert read_spans(torn) == []
+
+
+def test_direct_encoding_says_what_the_protobuf_encoding_says(tmp_path: Path) -> None:
+    import time
+
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.trace import Link, StatusCode
+
+    from services.telemetry.file_exporter import to_otlp_json, to_otlp_json_via_protobuf
+
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "offerbus-x",
+                                                        "offerbus.agent_id": "S1"}))
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracer = provider.get_tracer("offerbus.x", "1.2")
+    with tracer.start_as_current_span("launch", attributes={
+            "offerbus.task_ids": ["a", "b"], "offerbus.valid": True, "n": 3, "x": 0.5}) as root:
+        root.add_event("TASK_RUNNING", {"offerbus.container_id": "c1"})
+        root.set_status(StatusCode.ERROR, "refused: no fit")
+        with tracer.start_as_current_span("run"):
+            pass
+    with tracer.start_as_current_span("status", links=[Link(root.get_span_context(),
+                                                            {"why": "launch"})]):
+        pass
+    remote = extract(span_traceparent(root))  # a parent from another process
+    with tracer.start_as_current_span("start", context=remote):
+        pass
+    spans = memory.get_finished_spans()
+
+    def decoded(text: str) -> list[dict[str, object]]:
+        path = tmp_path / f"{len(text)}-{time.perf_counter_ns()}.jsonl"
+        path.write_text(text + "\n")
+        keep = ("traceId", "spanId", "parentSpanId", "flags", "name", "kind", "startTimeUnixNano",
+                "endTimeUnixNano", "attrs", "resource", "events", "links", "status")
+        return sorted(({k: s.get(k) for k in keep} for s in read_spans(path)),
+                      key=lambda s: str(s["name"]))
+
+    assert decoded(to_otlp_json(spans)) == decoded(to_otlp_json_via_protobuf(spans))
+
+    t = time.perf_counter()
+    for _ in range(50):
+        to_otlp_json(spans)
+    direct = time.perf_counter() - t
+    t = time.perf_counter()
+    for _ in range(50):
+        to_otlp_json_via_protobuf(spans)
+    reference = time.perf_counter() - t
+    print(f"direct {direct * 1e3 / 150:.3f} ms/span, protobuf {reference * 1e3 / 150:.3f} ms/span")
