@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from services.shell.process import pid_alive
 
 console = Console()
 RACKS = ("a", "b", "c")
+STATE_PARTS = ("zk", "election", "agents", "frameworks", "traces", "pids")
 # Processes this process started, by (run dir, name): a cluster's own are checked and reaped.
 _children: dict[tuple[Path, str], subprocess.Popen[bytes]] = {}
 
@@ -219,8 +221,15 @@ def down(run_dir: Path, timeout: float = 15.0) -> None:
         pid_file.unlink()
     for key in [k for k in _children if k[0] == run_dir]:
         _children.pop(key).poll()
+    # The containers are gone, so is the cluster: its registry (ZooKeeper data or election
+    # files), agents' checkpoints, framework specs and traces go too, or the next `up` would
+    # recover tasks that no longer exist. Logs stay for reading.
+    for part in STATE_PARTS:
+        shutil.rmtree(run_dir / part, ignore_errors=True)
+    (run_dir / "cluster.url").unlink(missing_ok=True)
     console.print(f"[green]cluster down[/]: {len(procs)} processes stopped, "
-                  f"{removed} containers removed")
+                  f"{removed} containers removed; state cleared (logs kept in "
+                  f"{run_dir / 'logs'})")
 
 
 def remove_task_containers() -> int:

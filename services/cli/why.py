@@ -48,10 +48,16 @@ def _label(fid: str, state: Doc) -> str:
 
 
 def resolve_framework(target: str, state: Doc, decisions: list[Doc] | None = None) -> str | None:
-    """The framework id `target` names (an id or a name), if any."""
-    for fid, name in _fw_names(state).items():
-        if target in (fid, name):
-            return fid
+    """The framework id `target` names (an id or a name), if any; of several frameworks
+    with that name, a connected one."""
+    if target in _fw_names(state):
+        return target
+    named = [f["framework_info"]["framework_id"] for f in state.get("frameworks", [])
+             if f.get("framework_info", {}).get("name") == target]
+    if named:
+        connected = {f["framework_info"]["framework_id"] for f in state.get("frameworks", [])
+                     if f.get("connected")}
+        return next((fid for fid in named if fid in connected), named[-1])
     return target if any(d.get("framework_id") == target for d in decisions or []) else None
 
 
