@@ -115,7 +115,7 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
             return value
         if time.monotonic() >= deadline:
             raise TimeoutError(f"{what} (waited {timeout:g}s)")
-        time.sleep(0.01)
+        time.sleep(0.01)  # polling the condition until the deadline
 
 
 def percentile(values: list[float], q: float) -> float:
