@@ -37,6 +37,7 @@ class UpOptions:
     cluster_url: str = ""  # use this ZooKeeper (zk://hosts/chroot) instead of starting one
     offer_timeout: float = 30.0
     heartbeat: float = 1.0
+    masters: int = 1  # more are hot standbys (ZooKeeper election)
 
 
 def _pids_dir(run_dir: Path) -> Path:
@@ -125,8 +126,9 @@ def up(opts: UpOptions) -> str:
         common = ["--cluster", url]
         traces = {"OFFERBUS_TRACES_DIR": str(traces_dir(run_dir))}
         beat = ["--heartbeat", str(opts.heartbeat)]
-        spawn(run_dir, "master", ["-m", "services.master", *common, *beat, "--id", "master-1"],
-              env=traces)
+        for m in range(1, opts.masters + 1):
+            spawn(run_dir, "master" if m == 1 else f"master-{m}",
+                  ["-m", "services.master", *common, *beat, "--id", f"master-{m}"], env=traces)
         spawn(run_dir, "allocator", ["-m", "services.allocator", *common, "--id", "allocator-1"],
               env=traces)
         spawn(run_dir, "broker", ["-m", "services.broker", *common, "--id", "broker-1",

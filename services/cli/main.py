@@ -39,7 +39,7 @@ def _counts(counts: Counter[str]) -> str:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    cluster.up(cluster.UpOptions(run_dir=args.run_dir, agents=args.agents,
+    cluster.up(cluster.UpOptions(run_dir=args.run_dir, agents=args.agents, masters=args.masters,
                                  agent_resources=args.agent_resources,
                                  standalone=args.standalone, runtime=args.runtime))
     return 0
@@ -171,6 +171,7 @@ def parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("up", help="start a local cluster (ZooKeeper, services, agents)")
     p.add_argument("--agents", type=int, default=3)
+    p.add_argument("--masters", type=int, default=1, help="more than 1: hot standbys")
     p.add_argument("--agent-resources", default="cpus:4;mem:4096;disk:10240;ports:[31000-31999]")
     p.add_argument("--standalone", action="store_true", help="no ZooKeeper: file election")
     p.add_argument("--runtime", choices=["docker", "process"], default="docker")

@@ -1,0 +1,158 @@
+"""Nothing lost when the leading master dies (DESIGN §4): a standby master takes over,
+agents and the framework re-register with it, the tasks keep running in the very same
+containers, the new master knows them, and no task is launched twice."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from frameworks.sdk.driver import SchedulerDriver
+from frameworks.service import ServiceScheduler, ServiceSpec
+from infra.zookeeper import ZooKeeperServer
+from services.bus.election import detector_from_url
+from services.cli import cluster as local_cluster
+from tests.e2e import Cluster, framework
+from tests.waiting import wait_for
+
+INSTANCES = 4
+
+
+@pytest.fixture
+def cluster(zk: ZooKeeperServer, zk_admin: Any, tmp_path: Any, docker_client: Any,
+            busybox_image: str) -> Iterator[Cluster]:
+    chroot = f"/failover-{uuid.uuid4().hex[:8]}"
+    zk_admin.create(chroot)
+    url = f"zk://{zk.hosts}{chroot}"
+    local_cluster.up(local_cluster.UpOptions(
+        run_dir=tmp_path, agents=2, masters=2, cluster_url=url, timeout=60,
+        agent_resources="cpus:2;mem:2048;disk:10240;ports:[31000-31999]"))
+    try:
+        yield Cluster(url, tmp_path)
+    finally:
+        local_cluster.down(tmp_path)
+
+
+def leader(url: str) -> tuple[str, int]:
+    detector = detector_from_url(url, "master")
+    detector.start()
+    try:
+        info = detector.wait_for_leader(5.0)
+    finally:
+        detector.close()
+    assert info is not None
+    return info.member_id, info.epoch
+
+
+def test_running_tasks_survive_the_death_of_the_leading_master(
+    cluster: Cluster, docker_client: Any
+) -> None:
+    spec = ServiceSpec(name="steady", image="offerbus/busybox:latest", instances=INSTANCES,
+                       cpus=0.1, mem=32, command=["sleep", "3600"], kill_grace_s=0.5)
+    sched = ServiceScheduler(spec)
+    driver = SchedulerDriver(sched, framework("steady"), cluster.url)
+    driver.start()
+    try:
+        def running() -> set[str]:
+            with sched.lock:
+                return {i.task_id for i in sched.instances.values()
+                        if i.state == "TASK_RUNNING"}
+
+        wait_for(lambda: len(running()) == INSTANCES, 60, message="instances never ran")
+        before = {c.labels["org.offerbus.task_id"]: c.id for c in docker_client.containers.list(
+            filters={"label": "org.offerbus.task_id"})}
+        assert set(before) == running()
+        old_leader, old_epoch = leader(cluster.url)
+        pid_file = cluster.run_dir / "pids" / ("master.pid" if old_leader == "master-1"
+                                               else f"{old_leader}.pid")
+        os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        killed_at = time.monotonic()
+
+        # A standby leads at a higher epoch, and every agent re-registers with it.
+        wait_for(lambda: leader(cluster.url)[1] > old_epoch, 15,
+                 message="no standby master took over")
+        wait_for(lambda: sum(a["status"] == "AGENT_STATUS_REGISTERED"
+                             for a in cluster.state()["agents"]) == 2, 30,
+                 message=lambda: f"agents: {[a['status'] for a in cluster.state()['agents']]}")
+        # The new master knows every task, RUNNING, on the agent that runs it.
+        def known() -> dict[str, str]:
+            return {t["task_info"]["task_id"]: t["status"]["state"]
+                    for t in cluster.state()["tasks"]}
+
+        wait_for(lambda: known() == {tid: "TASK_RUNNING" for tid in before}, 30,
+                 message=lambda: f"new master's tasks: {known()}")
+        recovered_in = time.monotonic() - killed_at
+        # The framework re-subscribed under its id and launched nothing new.
+        wait_for(lambda: cluster.state()["frameworks"][0].get("connected") is True, 30,
+                 message="the framework did not re-subscribe")
+        assert cluster.state()["frameworks"][0]["framework_info"]["framework_id"] == \
+            driver.framework_id
+        after = {c.labels["org.offerbus.task_id"]: c.id for c in docker_client.containers.list(
+            filters={"label": "org.offerbus.task_id"})}
+        assert after == before, "containers were restarted or launched twice"
+        assert running() == set(before)
+        print(f"master failover: tasks known to the new master {recovered_in:.2f}s after "
+              f"SIGKILL")
+    finally:
+        driver.stop()
+        driver.join(10)
+
+
+def test_running_tasks_survive_an_agent_crash_and_restart(
+    cluster: Cluster, docker_client: Any
+) -> None:
+    spec = ServiceSpec(name="sturdy", image="offerbus/busybox:latest", instances=INSTANCES,
+                       cpus=0.1, mem=32, command=["sleep", "3600"], kill_grace_s=0.5)
+    sched = ServiceScheduler(spec)
+    driver = SchedulerDriver(sched, framework("sturdy"), cluster.url)
+    driver.start()
+    try:
+        def running() -> set[str]:
+            with sched.lock:
+                return {i.task_id for i in sched.instances.values()
+                        if i.state == "TASK_RUNNING"}
+
+        wait_for(lambda: len(running()) == INSTANCES, 60, message="instances never ran")
+        before = {c.labels["org.offerbus.task_id"]: c.id for c in docker_client.containers.list(
+            filters={"label": "org.offerbus.task_id"})}
+        os.kill(int((cluster.run_dir / "pids" / "agent-1.pid").read_text()), signal.SIGKILL)
+        # The same agent comes back on the same machine, from its work dir (its checkpoint).
+        local_cluster.spawn(cluster.run_dir, "agent-1", [
+            "-m", "services.agent", "--cluster", cluster.url,
+            "--work-dir", str(cluster.run_dir / "agents" / "agent-1"), "--hostname", "agent-1",
+            "--resources", "cpus:2;mem:2048;disk:10240;ports:[31000-31999]",
+            "--attributes", "rack:a", "--runtime", "docker"])
+
+        def known() -> dict[str, str]:
+            return {t["task_info"]["task_id"]: t["status"]["state"]
+                    for t in cluster.state()["tasks"]}
+
+        wait_for(lambda: known() == {tid: "TASK_RUNNING" for tid in before}, 30,
+                 message=lambda: f"master's tasks: {known()}")
+        wait_for(lambda: sum(a["status"] == "AGENT_STATUS_REGISTERED"
+                             for a in cluster.state()["agents"]) == 2, 30,
+                 message="the restarted agent did not re-register")
+        after = {c.labels["org.offerbus.task_id"]: c.id for c in docker_client.containers.list(
+            filters={"label": "org.offerbus.task_id"})}
+        assert after == before, "containers were restarted or launched twice"
+        assert running() == set(before)
+        # And the restarted agent still controls its tasks: a kill goes through it.
+        agent_1 = next(aid for aid, host in cluster.agent_ids().items() if host == "agent-1")
+        on_agent_1 = sorted(c.labels["org.offerbus.task_id"] for c in
+                            docker_client.containers.list(
+                                filters={"label": f"org.offerbus.agent_id={agent_1}"}))
+        assert on_agent_1, "the service placed nothing on agent-1 (it spreads over both)"
+        victim = on_agent_1[0]
+        driver.kill(victim)
+        wait_for(lambda: not docker_client.containers.list(
+            sparse=True, filters={"label": f"org.offerbus.task_id={victim}"}), 30,
+            message="a task of the restarted agent could not be killed")
+    finally:
+        driver.stop()
+        driver.join(10)
