@@ -3,6 +3,7 @@ disk, gpus) in fixed point, port ranges and sets, each keyed by name and reserva
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -101,19 +102,32 @@ class Resources:
         return cls(scalars, ranges, sets)
 
     @classmethod
+    def total(cls, bags: Iterable[Resources]) -> Resources:
+        """The sum of several bags."""
+        out = cls()
+        for bag in bags:
+            out += bag
+        return out
+
+    @classmethod
     def from_proto(cls, resources: Iterable[common_pb2.Resource]) -> Resources:
         total = cls()
         for r in resources:
             key = (r.name, _role(r.role))
             kind = r.WhichOneof("value")
             if kind == "scalar":
-                if r.scalar < 0 or r.scalar != r.scalar:
-                    raise ValueError(f"resource {r.name}: negative or NaN scalar")
-                total += cls({key: round(r.scalar * MILLI)})
+                if not math.isfinite(r.scalar) or r.scalar < 0:
+                    raise ValueError(f"resource {r.name}: scalar {r.scalar} is not a finite, "
+                                     "non-negative number")
+                if round(r.scalar * MILLI):
+                    total += cls({key: round(r.scalar * MILLI)})
             elif kind == "ranges":
-                total += cls(ranges={key: _merge((x.begin, x.end) for x in r.ranges.ranges)})
+                if r.ranges.ranges:
+                    total += cls(ranges={key: _merge((x.begin, x.end)
+                                                     for x in r.ranges.ranges)})
             elif kind == "set":
-                total += cls(sets={key: frozenset(r.set.items)})
+                if r.set.items:
+                    total += cls(sets={key: frozenset(r.set.items)})
             else:
                 raise ValueError(f"resource {r.name!r} has no value")
         return total
@@ -161,6 +175,22 @@ class Resources:
         return Resources({k: v for k, v in scalars.items() if v},
                          {k: v for k, v in ranges.items() if v},
                          {k: v for k, v in sets.items() if v})
+
+    def same(self, other: Resources) -> bool:
+        """The same quantities (each contains the other), however they are represented."""
+        return self.contains(other) and other.contains(self)
+
+    def with_role(self, role: str) -> Resources:
+        """The same quantities under `role` (UNRESERVED strips reservations)."""
+        role = _role(role)
+        out = Resources()
+        for (n, _), v in self.scalars.items():
+            out += Resources({(n, role): v})
+        for (n, _), rs in self.ranges.items():
+            out += Resources(ranges={(n, role): rs})
+        for (n, _), items in self.sets.items():
+            out += Resources(sets={(n, role): items})
+        return out
 
     def is_empty(self) -> bool:
         return not (self.scalars or self.ranges or self.sets)

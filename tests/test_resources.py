@@ -75,3 +75,23 @@ def test_port_ranges_split_and_merge() -> None:
     r = Resources.of(ports=[(31000, 31010)]) - Resources.of(ports=[(31003, 31004)])
     assert r.ranges[("ports", "*")] == ((31000, 31002), (31005, 31010))
     assert (r + Resources.of(ports=[(31003, 31004)])) == Resources.of(ports=[(31000, 31010)])
+
+
+def test_from_proto_is_canonical_and_refuses_what_is_not_a_quantity() -> None:
+    from schemas import common_pb2
+
+    zero = [common_pb2.Resource(name="cpus", scalar=0.0), common_pb2.Resource(name="ports")]
+    zero[1].ranges.SetInParent()
+    assert Resources.from_proto(zero) == Resources()  # no `cpus:0` left to compare unequal
+    for bad in (float("inf"), float("nan"), -1.0):
+        with pytest.raises(ValueError):
+            Resources.from_proto([common_pb2.Resource(name="mem", scalar=bad)])
+
+
+def test_total_same_and_with_role() -> None:
+    a, b = Resources.of(cpus=1, mem=64), Resources.of(role="web", cpus=0.5, ports=[(1, 2)])
+    assert Resources.total([a, b]) == a + b and Resources.total([]) == Resources()
+    assert (a + b).same(b + a) and not a.same(b)
+    moved = b.with_role("*")
+    assert moved.for_role("db").scalar("cpus") == 0.5  # now unreserved: anyone may use it
+    assert moved.with_role("web") == b

@@ -510,7 +510,7 @@ class AllocatorCore:
             for r in (agent.total, agent.free, allocated):
                 assert all(v >= 0 for v in r.scalars.values()), f"{agent_id}: negative {r}"
             assert agent.total.contains(allocated), f"{agent_id}: {allocated} > {agent.total}"
-            assert _same(allocated + agent.free, agent.total), (
+            assert (allocated + agent.free).same(agent.total), (
                 f"{agent_id}: allocated {allocated} + free {agent.free} != {agent.total}")
         total = Resources()
         for agent in self.agents.values():
@@ -551,10 +551,6 @@ def _set(held: dict[str, Resources], key: str, r: Resources) -> None:
         held[key] = r
     else:
         held.pop(key, None)
-
-
-def _same(a: Resources, b: Resources) -> bool:
-    return a.contains(b) and b.contains(a)
 
 
 def _common(a: Resources, b: Resources) -> Resources:

@@ -276,23 +276,6 @@ def coalesce(commands: Iterable[Command]) -> list[Command]:
 # Resource helpers.
 
 
-def _norm(r: Resources) -> Resources:
-    """Drop zero scalars and empty ranges/sets (from_proto keeps `cpus:0`)."""
-    return r - Resources()
-
-
-def with_role(r: Resources, role: str) -> Resources:
-    """The same quantities under `role` (UNRESERVED to strip reservations)."""
-    out = Resources()
-    for (n, _), v in r.scalars.items():
-        out += Resources({(n, role): v})
-    for (n, _), rs in r.ranges.items():
-        out += Resources(ranges={(n, role): rs})
-    for (n, _), items in r.sets.items():
-        out += Resources(sets={(n, role): items})
-    return out
-
-
 def _positive(r: Resources) -> bool:
     return (any(v > 0 for v in r.scalars.values()) or any(r.ranges.values())
             or any(r.sets.values()))
@@ -300,18 +283,11 @@ def _positive(r: Resources) -> bool:
 
 def _overlap(a: Resources, b: Resources) -> bool:
     """Whether a and b share a port (range value) or set item, whatever their roles."""
-    a, b = with_role(a, UNRESERVED), with_role(b, UNRESERVED)
+    a, b = a.with_role(UNRESERVED), b.with_role(UNRESERVED)
     return any(lo <= bhi and blo <= hi
                for k, rs in b.ranges.items() for blo, bhi in rs
                for lo, hi in a.ranges.get(k, ())) or any(
         items & a.sets.get(k, frozenset()) for k, items in b.sets.items())
-
-
-def _total(rs: Iterable[Resources]) -> Resources:
-    out = Resources()
-    for r in rs:
-        out += r
-    return out
 
 
 def refuse_seconds(filters: common_pb2.Filters | None) -> float:
@@ -344,7 +320,7 @@ def _check_task(task: common_pb2.TaskInfo, agent_id: str, seen: set[str]) -> Res
         raise _Invalid(RejectReason.REJECT_REASON_TASK_INVALID,
                        f"task {tid!r} names agent {task.agent_id!r}, offers are on {agent_id!r}")
     try:
-        res = _norm(Resources.from_proto(task.resources))
+        res = (Resources.from_proto(task.resources))
     except ValueError as exc:
         raise _Invalid(RejectReason.REJECT_REASON_TASK_INVALID,
                        f"task {tid!r} has invalid resources: {exc}") from exc
@@ -367,7 +343,7 @@ def check_operations(pool: Resources, operations: Sequence[common_pb2.Operation]
     for i, op in enumerate(operations):
         kind = op.WhichOneof("operation")
         if kind == "launch":
-            tasks = _total(_check_task(t, agent_id, seen) for t in op.launch.tasks)
+            tasks = Resources.total(_check_task(t, agent_id, seen) for t in op.launch.tasks)
             if not pool.contains(tasks):
                 raise _Invalid(RejectReason.REJECT_REASON_RESOURCES_EXCEEDED,
                                f"operation {i} (launch): tasks need {tasks}, offers hold {pool}")
@@ -375,7 +351,7 @@ def check_operations(pool: Resources, operations: Sequence[common_pb2.Operation]
         elif kind in ("reserve", "unreserve"):
             items = op.reserve.resources if kind == "reserve" else op.unreserve.resources
             try:
-                res = _norm(Resources.from_proto(items))
+                res = (Resources.from_proto(items))
             except ValueError as exc:
                 raise _Invalid(RejectReason.REJECT_REASON_TASK_INVALID,
                                f"operation {i} ({kind}): invalid resources: {exc}") from exc
@@ -387,8 +363,8 @@ def check_operations(pool: Resources, operations: Sequence[common_pb2.Operation]
                 raise _Invalid(RejectReason.REJECT_REASON_UNAUTHORIZED,
                                f"operation {i} ({kind}): roles {sorted(roles)}, "
                                f"framework's offers are for role {role!r}")
-            take, give = (with_role(res, UNRESERVED), res) if kind == "reserve" else (
-                res, with_role(res, UNRESERVED))
+            take, give = (res.with_role(UNRESERVED), res) if kind == "reserve" else (
+                res, res.with_role(UNRESERVED))
             if not pool.contains(take):
                 raise _Invalid(RejectReason.REJECT_REASON_RESOURCES_EXCEEDED,
                                f"operation {i} ({kind}): {take} not in the offers ({pool})")
@@ -527,7 +503,7 @@ class BrokerCore:
         if a.allocation_id and a.allocation_id in self._live_allocations:
             return [Anomaly("allocation_dropped", f"{what}: duplicate of a live offer")]
         try:
-            res = _norm(Resources.from_proto(a.resources))
+            res = (Resources.from_proto(a.resources))
         except ValueError as exc:
             return [Anomaly("allocation_dropped", f"{what}: invalid resources: {exc}")]
         if not res:
@@ -581,7 +557,7 @@ class BrokerCore:
             if len(agents) > 1:
                 raise _Invalid(RejectReason.REJECT_REASON_OFFERS_MIXED_AGENTS,
                                f"offers span agents {agents}; one accept uses one agent")
-            used, rest = check_operations(_total(o.resources for o in offers), operations,
+            used, rest = check_operations(Resources.total(o.resources for o in offers), operations,
                                           agents[0], offers[0].role)
         except _Invalid as bad:
             out.append(AcceptRejected(framework_id, ids, _task_ids(operations),
@@ -712,13 +688,14 @@ class BrokerCore:
         and set items must not overlap even when the total is unknown."""
         held = self.outstanding(agent_id)
         if pending:
-            held += _total(p.resources for p in self._pending.values() if p.agent_id == agent_id)
+            held += Resources.total(p.resources for p in self._pending.values()
+                                    if p.agent_id == agent_id)
         if _overlap(held, extra):
             return False  # the same port (or set item) offered twice: `+` would hide it
         agent = self._agents.get(agent_id)
         if agent is None or agent.total is None:
             return True
-        return with_role(agent.total, UNRESERVED).contains(with_role(held + extra, UNRESERVED))
+        return agent.total.with_role(UNRESERVED).contains((held + extra).with_role(UNRESERVED))
 
     def _why_not_live(self, offer_id: str, framework_id: str) -> str:
         st = self.state(offer_id)
@@ -771,7 +748,7 @@ class BrokerCore:
         assert offered == set(self._by_framework_all())
         for agent_id, ids in self._by_agent.items():
             assert all(self._offers[i].agent_id == agent_id for i in ids)
-            total = _total(self._offers[i].resources for i in ids)
+            total = Resources.total(self._offers[i].resources for i in ids)
             have = self._outstanding[agent_id]
             assert total.contains(have) and have.contains(total), (agent_id, total, have)
             assert self._fits(agent_id, Resources(), pending=False), f"{agent_id} over-offered"

@@ -22,7 +22,6 @@ from services.master.state import (
     copy_status,
     finite_nonneg,
     parse_resources,
-    total_of,
 )
 from services.resources import Resources
 
@@ -114,7 +113,7 @@ class AgentHandlers(MasterState):
         if not aid:
             aid = self._new_id("agent", "S", [*self.agents, *self.recovering])
         plan = self._plan(aid, known, reported, frameworks)
-        need = total_of([*(t.resources for t in plan.add if not tasks.is_terminal(t.state)),
+        need = Resources.total([*(t.resources for t in plan.add if not tasks.is_terminal(t.state)),
                          *(t.resources for t in plan.reconcile),
                          *(t.resources for t, s in plan.refresh
                            if not tasks.is_terminal(s.state)),

@@ -41,8 +41,6 @@ from services.master.state import (
     Task,
     logs_error,
     parse_resources,
-    total_of,
-    with_role,
 )
 from services.resources import UNRESERVED, Resources
 
@@ -337,7 +335,7 @@ class MasterCore(AgentHandlers, FrameworkHandlers):
                     if not res:
                         raise invalid(f"task {tid!r} has no resources")
                     batch.append(res)
-                need = total_of(batch)
+                need = Resources.total(batch)
                 if not free.contains(need):
                     raise _Refused(RejectReason.REJECT_REASON_AGENT_INSUFFICIENT,
                                    f"operation {i}: tasks need {need}, agent {agent.agent_id} "
@@ -356,8 +354,8 @@ class MasterCore(AgentHandlers, FrameworkHandlers):
                                    f"operation {i} ({kind}): resources must be reserved for "
                                    f"the framework's role {fw.role!r}",
                                    Reason.REASON_TASK_UNAUTHORIZED)
-                take, give = ((with_role(res, UNRESERVED), res) if kind == "reserve"
-                              else (res, with_role(res, UNRESERVED)))
+                take, give = ((res.with_role(UNRESERVED), res) if kind == "reserve"
+                              else (res, res.with_role(UNRESERVED)))
                 if not free.contains(take):
                     raise _Refused(RejectReason.REJECT_REASON_AGENT_INSUFFICIENT,
                                    f"operation {i} ({kind}): {take} not free on agent "

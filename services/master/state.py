@@ -55,34 +55,8 @@ def us(t: float) -> int:
 
 
 def parse_resources(items: Iterable[common_pb2.Resource]) -> Resources:
-    """Resources of a peer's message, zero entries dropped; ValueError when malformed."""
-    try:
-        return Resources.from_proto(items) - Resources()
-    except OverflowError as exc:  # an infinite scalar
-        raise ValueError(f"resource out of range: {exc}") from exc
-
-
-def total_of(rs: Iterable[Resources]) -> Resources:
-    out = Resources()
-    for r in rs:
-        out += r
-    return out
-
-
-def with_role(r: Resources, role: str) -> Resources:
-    """The same quantities under `role` (UNRESERVED to strip a reservation)."""
-    out = Resources()
-    for (n, _), v in r.scalars.items():
-        out += Resources({(n, role): v})
-    for (n, _), rs in r.ranges.items():
-        out += Resources(ranges={(n, role): rs})
-    for (n, _), items in r.sets.items():
-        out += Resources(sets={(n, role): items})
-    return out
-
-
-def same(a: Resources, b: Resources) -> bool:
-    return a.contains(b) and b.contains(a)
+    """Resources of a peer's message; ValueError when malformed (the caller rejects it)."""
+    return Resources.from_proto(items)
 
 
 # -- records -------------------------------------------------------------------------------
@@ -152,7 +126,7 @@ class Framework:
             registered_at_us=us(self.registered_at),
             disconnected_at_us=0 if self.connected else us(self.disconnected_at),
             suppressed_roles=sorted(self.suppressed_roles),
-            offered_resources=total_of(r for _, r in self.offers.values()).to_proto(),
+            offered_resources=Resources.total(r for _, r in self.offers.values()).to_proto(),
             used_resources=self.used.to_proto())
 
 
@@ -530,7 +504,7 @@ class MasterState:
             assert agent.agent_id == aid
             live = [self.tasks[k] for k in agent.tasks]
             assert all(t.agent_id == aid and not tasks.is_terminal(t.state) for t in live)
-            assert same(agent.used, total_of(t.resources for t in live)), (aid, agent.used)
+            assert agent.used.same(Resources.total(t.resources for t in live)), (aid, agent.used)
             if agent.status == REGISTERED:
                 assert agent.total.contains(agent.used), f"agent {aid} over-committed"
             if agent.status == GONE:
@@ -543,7 +517,7 @@ class MasterState:
             assert fw.framework_id == fid
             live = [self.tasks[(fid, t)] for t in fw.tasks]
             assert all(not tasks.is_terminal(t.state) for t in live)
-            assert same(fw.used, total_of(t.resources for t in live)), (fid, fw.used)
+            assert fw.used.same(Resources.total(t.resources for t in live)), (fid, fw.used)
             assert all(tasks.is_terminal(self.tasks[(fid, t)].state) for t in fw.completed)
             assert len(fw.completed) <= self.max_completed_tasks
             assert not fw.tasks & set(fw.completed)
