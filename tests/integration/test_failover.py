@@ -50,24 +50,45 @@ def leader(url: str) -> tuple[str, int]:
     return info.member_id, info.epoch
 
 
+class Service:
+    """A service framework with INSTANCES running tasks, and their containers."""
+
+    def __init__(self, cluster: Cluster, docker_client: Any, name: str) -> None:
+        spec = ServiceSpec(name=name, image="offerbus/busybox:latest", instances=INSTANCES,
+                           cpus=0.1, mem=32, command=["sleep", "3600"], kill_grace_s=0.5)
+        self.docker = docker_client
+        self.sched = ServiceScheduler(spec)
+        self.driver = SchedulerDriver(self.sched, framework(name), cluster.url)
+        self.driver.start()
+        wait_for(lambda: len(self.running()) == INSTANCES, 60, message="instances never ran")
+
+    def running(self) -> set[str]:
+        with self.sched.lock:
+            return {i.task_id for i in self.sched.instances.values()
+                    if i.state == "TASK_RUNNING"}
+
+    def containers(self) -> dict[str, str]:
+        """task id -> container id"""
+        return {c.labels["org.offerbus.task_id"]: c.id for c in self.docker.containers.list(
+            filters={"label": "org.offerbus.task_id"})}
+
+    def stop(self) -> None:
+        self.driver.stop()
+        self.driver.join(10)
+
+
+def known_tasks(cluster: Cluster) -> dict[str, str]:
+    """task id -> state, as the leading master knows them"""
+    return {t["task_info"]["task_id"]: t["status"]["state"] for t in cluster.state()["tasks"]}
+
+
 def test_running_tasks_survive_the_death_of_the_leading_master(
     cluster: Cluster, docker_client: Any
 ) -> None:
-    spec = ServiceSpec(name="steady", image="offerbus/busybox:latest", instances=INSTANCES,
-                       cpus=0.1, mem=32, command=["sleep", "3600"], kill_grace_s=0.5)
-    sched = ServiceScheduler(spec)
-    driver = SchedulerDriver(sched, framework("steady"), cluster.url)
-    driver.start()
+    service = Service(cluster, docker_client, "steady")
     try:
-        def running() -> set[str]:
-            with sched.lock:
-                return {i.task_id for i in sched.instances.values()
-                        if i.state == "TASK_RUNNING"}
-
-        wait_for(lambda: len(running()) == INSTANCES, 60, message="instances never ran")
-        before = {c.labels["org.offerbus.task_id"]: c.id for c in docker_client.containers.list(
-            filters={"label": "org.offerbus.task_id"})}
-        assert set(before) == running()
+        before = service.containers()
+        assert set(before) == service.running()
         old_leader, old_epoch = leader(cluster.url)
         pid_file = cluster.run_dir / "pids" / ("master.pid" if old_leader == "master-1"
                                                else f"{old_leader}.pid")
@@ -80,47 +101,29 @@ def test_running_tasks_survive_the_death_of_the_leading_master(
         wait_for(lambda: sum(a["status"] == "AGENT_STATUS_REGISTERED"
                              for a in cluster.state()["agents"]) == 2, 30,
                  message=lambda: f"agents: {[a['status'] for a in cluster.state()['agents']]}")
-        # The new master knows every task, RUNNING, on the agent that runs it.
-        def known() -> dict[str, str]:
-            return {t["task_info"]["task_id"]: t["status"]["state"]
-                    for t in cluster.state()["tasks"]}
-
-        wait_for(lambda: known() == {tid: "TASK_RUNNING" for tid in before}, 30,
-                 message=lambda: f"new master's tasks: {known()}")
+        # The new master knows every task, RUNNING.
+        wait_for(lambda: known_tasks(cluster) == {tid: "TASK_RUNNING" for tid in before}, 30,
+                 message=lambda: f"new master's tasks: {known_tasks(cluster)}")
         recovered_in = time.monotonic() - killed_at
         # The framework re-subscribed under its id and launched nothing new.
         wait_for(lambda: cluster.state()["frameworks"][0].get("connected") is True, 30,
                  message="the framework did not re-subscribe")
         assert cluster.state()["frameworks"][0]["framework_info"]["framework_id"] == \
-            driver.framework_id
-        after = {c.labels["org.offerbus.task_id"]: c.id for c in docker_client.containers.list(
-            filters={"label": "org.offerbus.task_id"})}
-        assert after == before, "containers were restarted or launched twice"
-        assert running() == set(before)
+            service.driver.framework_id
+        assert service.containers() == before, "containers were restarted or launched twice"
+        assert service.running() == set(before)
         print(f"master failover: tasks known to the new master {recovered_in:.2f}s after "
               f"SIGKILL")
     finally:
-        driver.stop()
-        driver.join(10)
+        service.stop()
 
 
 def test_running_tasks_survive_an_agent_crash_and_restart(
     cluster: Cluster, docker_client: Any
 ) -> None:
-    spec = ServiceSpec(name="sturdy", image="offerbus/busybox:latest", instances=INSTANCES,
-                       cpus=0.1, mem=32, command=["sleep", "3600"], kill_grace_s=0.5)
-    sched = ServiceScheduler(spec)
-    driver = SchedulerDriver(sched, framework("sturdy"), cluster.url)
-    driver.start()
+    service = Service(cluster, docker_client, "sturdy")
     try:
-        def running() -> set[str]:
-            with sched.lock:
-                return {i.task_id for i in sched.instances.values()
-                        if i.state == "TASK_RUNNING"}
-
-        wait_for(lambda: len(running()) == INSTANCES, 60, message="instances never ran")
-        before = {c.labels["org.offerbus.task_id"]: c.id for c in docker_client.containers.list(
-            filters={"label": "org.offerbus.task_id"})}
+        before = service.containers()
         os.kill(int((cluster.run_dir / "pids" / "agent-1.pid").read_text()), signal.SIGKILL)
         # The same agent comes back on the same machine, from its work dir (its checkpoint).
         local_cluster.spawn(cluster.run_dir, "agent-1", [
@@ -129,19 +132,13 @@ def test_running_tasks_survive_an_agent_crash_and_restart(
             "--resources", "cpus:2;mem:2048;disk:10240;ports:[31000-31999]",
             "--attributes", "rack:a", "--runtime", "docker"])
 
-        def known() -> dict[str, str]:
-            return {t["task_info"]["task_id"]: t["status"]["state"]
-                    for t in cluster.state()["tasks"]}
-
-        wait_for(lambda: known() == {tid: "TASK_RUNNING" for tid in before}, 30,
-                 message=lambda: f"master's tasks: {known()}")
+        wait_for(lambda: known_tasks(cluster) == {tid: "TASK_RUNNING" for tid in before}, 30,
+                 message=lambda: f"master's tasks: {known_tasks(cluster)}")
         wait_for(lambda: sum(a["status"] == "AGENT_STATUS_REGISTERED"
                              for a in cluster.state()["agents"]) == 2, 30,
                  message="the restarted agent did not re-register")
-        after = {c.labels["org.offerbus.task_id"]: c.id for c in docker_client.containers.list(
-            filters={"label": "org.offerbus.task_id"})}
-        assert after == before, "containers were restarted or launched twice"
-        assert running() == set(before)
+        assert service.containers() == before, "containers were restarted or launched twice"
+        assert service.running() == set(before)
         # And the restarted agent still controls its tasks: a kill goes through it.
         agent_1 = next(aid for aid, host in cluster.agent_ids().items() if host == "agent-1")
         on_agent_1 = sorted(c.labels["org.offerbus.task_id"] for c in
@@ -149,10 +146,9 @@ def test_running_tasks_survive_an_agent_crash_and_restart(
                                 filters={"label": f"org.offerbus.agent_id={agent_1}"}))
         assert on_agent_1, "the service placed nothing on agent-1 (it spreads over both)"
         victim = on_agent_1[0]
-        driver.kill(victim)
+        service.driver.kill(victim)
         wait_for(lambda: not docker_client.containers.list(
             sparse=True, filters={"label": f"org.offerbus.task_id={victim}"}), 30,
             message="a task of the restarted agent could not be killed")
     finally:
-        driver.stop()
-        driver.join(10)
+        service.stop()

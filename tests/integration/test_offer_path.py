@@ -272,3 +272,32 @@ def test_two_frameworks_with_equal_demand_get_equal_dominant_shares(cluster: Clu
     finally:
         stop(da)
         stop(db)
+
+
+def test_every_central_service_serves_prometheus_metrics(cluster: Cluster) -> None:
+    """What an operator's Prometheus scrapes: valid text, with the counts that matter."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from services.bus.election import detector_from_url
+
+    def scrape(role: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        detector = detector_from_url(cluster.url, role)
+        detector.start()
+        try:
+            leader = detector.wait_for_leader(5.0)
+        finally:
+            detector.close()
+        assert leader is not None, f"no {role} leader"
+        with urllib.request.urlopen(leader.endpoints["http"] + "/metrics", timeout=5) as r:
+            text = r.read().decode()
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+    master = scrape("master")
+    assert master[("offerbus_master_elected", ())] == 1
+    assert master[("offerbus_master_agents", (("status", "AGENT_STATUS_REGISTERED"),))] == 3
+    assert master[("offerbus_master_frames_received_total", ())] > 0
+    for role in ("allocator", "broker"):
+        assert scrape(role), f"{role} served no metrics"
