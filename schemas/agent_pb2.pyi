@@ -313,11 +313,16 @@ class AgentEvent(_message.Message):
         MASTER_ID_FIELD_NUMBER: _builtins.int
         MASTER_EPOCH_FIELD_NUMBER: _builtins.int
         HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _builtins.int
+        CLUSTER_ID_FIELD_NUMBER: _builtins.int
         agent_id: _builtins.str
         master_id: _builtins.str
         master_epoch: _builtins.int
         """The leading master's epoch; the agent drops events from lower epochs."""
         heartbeat_interval_ms: _builtins.int
+        cluster_id: _builtins.str
+        """The cluster's id (created once, kept in the registry): the agent labels every
+        container with it and removes only containers that carry it.
+        """
         def __init__(
             self,
             *,
@@ -325,10 +330,11 @@ class AgentEvent(_message.Message):
             master_id: _builtins.str = ...,
             master_epoch: _builtins.int = ...,
             heartbeat_interval_ms: _builtins.int = ...,
+            cluster_id: _builtins.str = ...,
         ) -> None: ...
         _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
         def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-        _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "heartbeat_interval_ms", b"heartbeat_interval_ms", "master_epoch", b"master_epoch", "master_id", b"master_id"]  # noqa: Y015
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "cluster_id", b"cluster_id", "heartbeat_interval_ms", b"heartbeat_interval_ms", "master_epoch", b"master_epoch", "master_id", b"master_id"]  # noqa: Y015
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -340,10 +346,12 @@ class AgentEvent(_message.Message):
         MASTER_ID_FIELD_NUMBER: _builtins.int
         MASTER_EPOCH_FIELD_NUMBER: _builtins.int
         HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _builtins.int
+        CLUSTER_ID_FIELD_NUMBER: _builtins.int
         agent_id: _builtins.str
         master_id: _builtins.str
         master_epoch: _builtins.int
         heartbeat_interval_ms: _builtins.int
+        cluster_id: _builtins.str
         def __init__(
             self,
             *,
@@ -351,10 +359,11 @@ class AgentEvent(_message.Message):
             master_id: _builtins.str = ...,
             master_epoch: _builtins.int = ...,
             heartbeat_interval_ms: _builtins.int = ...,
+            cluster_id: _builtins.str = ...,
         ) -> None: ...
         _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
         def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-        _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "heartbeat_interval_ms", b"heartbeat_interval_ms", "master_epoch", b"master_epoch", "master_id", b"master_id"]  # noqa: Y015
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "cluster_id", b"cluster_id", "heartbeat_interval_ms", b"heartbeat_interval_ms", "master_epoch", b"master_epoch", "master_id", b"master_id"]  # noqa: Y015
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from schemas import agent_pb2 as schemas_dot_agent__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16schemas/operator.proto\x12\x0bofferbus.v1\x1a\x13schemas/agent.proto\"\xc1\x04\n\x0cOperatorCall\x12\x37\n\tkill_task\x18\x01 \x01(\x0b\x32\".offerbus.v1.OperatorCall.KillTaskH\x00\x12\x35\n\x08get_logs\x18\x02 \x01(\x0b\x32!.offerbus.v1.OperatorCall.GetLogsH\x00\x12\x42\n\x0fmark_agent_gone\x18\x03 \x01(\x0b\x32\'.offerbus.v1.OperatorCall.MarkAgentGoneH\x00\x12\x39\n\nset_weight\x18\x04 \x01(\x0b\x32#.offerbus.v1.OperatorCall.SetWeightH\x00\x1ak\n\x08KillTask\x12\x14\n\x0c\x66ramework_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12 \n\x13kill_grace_period_s\x18\x03 \x01(\x01H\x00\x88\x01\x01\x42\x16\n\x14_kill_grace_period_s\x1a\x7f\n\x07GetLogs\x12\x14\n\x0c\x66ramework_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12&\n\x06stream\x18\x03 \x01(\x0e\x32\x16.offerbus.v1.LogStream\x12\x12\n\ntail_lines\x18\x04 \x01(\r\x12\x11\n\tmax_bytes\x18\x05 \x01(\r\x1a!\n\rMarkAgentGone\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x1a)\n\tSetWeight\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0e\n\x06weight\x18\x02 \x01(\x01\x42\x06\n\x04\x63\x61ll\"\x84\x02\n\rOperatorEvent\x12/\n\x04\x64one\x18\x01 \x01(\x0b\x32\x1f.offerbus.v1.OperatorEvent.DoneH\x00\x12/\n\x04logs\x18\x02 \x01(\x0b\x32\x1f.offerbus.v1.OperatorEvent.LogsH\x00\x1a\x17\n\x04\x44one\x12\x0f\n\x07message\x18\x01 \x01(\t\x1ao\n\x04Logs\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12&\n\x06stream\x18\x02 \x01(\x0e\x32\x16.offerbus.v1.LogStream\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x11\n\ttruncated\x18\x04 \x01(\x08\x12\r\n\x05\x65rror\x18\x05 \x01(\tB\x07\n\x05\x65ventb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16schemas/operator.proto\x12\x0bofferbus.v1\x1a\x13schemas/agent.proto\"\xb7\x05\n\x0cOperatorCall\x12\x37\n\tkill_task\x18\x01 \x01(\x0b\x32\".offerbus.v1.OperatorCall.KillTaskH\x00\x12\x35\n\x08get_logs\x18\x02 \x01(\x0b\x32!.offerbus.v1.OperatorCall.GetLogsH\x00\x12\x42\n\x0fmark_agent_gone\x18\x03 \x01(\x0b\x32\'.offerbus.v1.OperatorCall.MarkAgentGoneH\x00\x12\x39\n\nset_weight\x18\x04 \x01(\x0b\x32#.offerbus.v1.OperatorCall.SetWeightH\x00\x12I\n\x12teardown_framework\x18\x05 \x01(\x0b\x32+.offerbus.v1.OperatorCall.TeardownFrameworkH\x00\x1ak\n\x08KillTask\x12\x14\n\x0c\x66ramework_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12 \n\x13kill_grace_period_s\x18\x03 \x01(\x01H\x00\x88\x01\x01\x42\x16\n\x14_kill_grace_period_s\x1a\x7f\n\x07GetLogs\x12\x14\n\x0c\x66ramework_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12&\n\x06stream\x18\x03 \x01(\x0e\x32\x16.offerbus.v1.LogStream\x12\x12\n\ntail_lines\x18\x04 \x01(\r\x12\x11\n\tmax_bytes\x18\x05 \x01(\r\x1a!\n\rMarkAgentGone\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x1a)\n\tSetWeight\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0e\n\x06weight\x18\x02 \x01(\x01\x1a)\n\x11TeardownFramework\x12\x14\n\x0c\x66ramework_id\x18\x01 \x01(\tB\x06\n\x04\x63\x61ll\"\x84\x02\n\rOperatorEvent\x12/\n\x04\x64one\x18\x01 \x01(\x0b\x32\x1f.offerbus.v1.OperatorEvent.DoneH\x00\x12/\n\x04logs\x18\x02 \x01(\x0b\x32\x1f.offerbus.v1.OperatorEvent.LogsH\x00\x1a\x17\n\x04\x44one\x12\x0f\n\x07message\x18\x01 \x01(\t\x1ao\n\x04Logs\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12&\n\x06stream\x18\x02 \x01(\x0e\x32\x16.offerbus.v1.LogStream\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x11\n\ttruncated\x18\x04 \x01(\x08\x12\r\n\x05\x65rror\x18\x05 \x01(\tB\x07\n\x05\x65ventb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,19 +33,21 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'schemas.operator_pb2', _glo
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_OPERATORCALL']._serialized_start=61
-  _globals['_OPERATORCALL']._serialized_end=638
-  _globals['_OPERATORCALL_KILLTASK']._serialized_start=316
-  _globals['_OPERATORCALL_KILLTASK']._serialized_end=423
-  _globals['_OPERATORCALL_GETLOGS']._serialized_start=425
-  _globals['_OPERATORCALL_GETLOGS']._serialized_end=552
-  _globals['_OPERATORCALL_MARKAGENTGONE']._serialized_start=554
-  _globals['_OPERATORCALL_MARKAGENTGONE']._serialized_end=587
-  _globals['_OPERATORCALL_SETWEIGHT']._serialized_start=589
-  _globals['_OPERATORCALL_SETWEIGHT']._serialized_end=630
-  _globals['_OPERATOREVENT']._serialized_start=641
-  _globals['_OPERATOREVENT']._serialized_end=901
-  _globals['_OPERATOREVENT_DONE']._serialized_start=756
-  _globals['_OPERATOREVENT_DONE']._serialized_end=779
-  _globals['_OPERATOREVENT_LOGS']._serialized_start=781
-  _globals['_OPERATOREVENT_LOGS']._serialized_end=892
+  _globals['_OPERATORCALL']._serialized_end=756
+  _globals['_OPERATORCALL_KILLTASK']._serialized_start=391
+  _globals['_OPERATORCALL_KILLTASK']._serialized_end=498
+  _globals['_OPERATORCALL_GETLOGS']._serialized_start=500
+  _globals['_OPERATORCALL_GETLOGS']._serialized_end=627
+  _globals['_OPERATORCALL_MARKAGENTGONE']._serialized_start=629
+  _globals['_OPERATORCALL_MARKAGENTGONE']._serialized_end=662
+  _globals['_OPERATORCALL_SETWEIGHT']._serialized_start=664
+  _globals['_OPERATORCALL_SETWEIGHT']._serialized_end=705
+  _globals['_OPERATORCALL_TEARDOWNFRAMEWORK']._serialized_start=707
+  _globals['_OPERATORCALL_TEARDOWNFRAMEWORK']._serialized_end=748
+  _globals['_OPERATOREVENT']._serialized_start=759
+  _globals['_OPERATOREVENT']._serialized_end=1019
+  _globals['_OPERATOREVENT_DONE']._serialized_start=874
+  _globals['_OPERATOREVENT_DONE']._serialized_end=897
+  _globals['_OPERATOREVENT_LOGS']._serialized_start=899
+  _globals['_OPERATOREVENT_LOGS']._serialized_end=1010
 # @@protoc_insertion_point(module_scope)

@@ -123,10 +123,32 @@ class OperatorCall(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class TeardownFramework(_message.Message):
+        """Remove a framework (`offerbus stop NAME`): kill its tasks and forget it, as its own
+        Teardown would; its scheduler, if connected, is told it was removed.
+        """
+
+        DESCRIPTOR: _descriptor.Descriptor
+
+        FRAMEWORK_ID_FIELD_NUMBER: _builtins.int
+        framework_id: _builtins.str
+        def __init__(
+            self,
+            *,
+            framework_id: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["framework_id", b"framework_id"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     KILL_TASK_FIELD_NUMBER: _builtins.int
     GET_LOGS_FIELD_NUMBER: _builtins.int
     MARK_AGENT_GONE_FIELD_NUMBER: _builtins.int
     SET_WEIGHT_FIELD_NUMBER: _builtins.int
+    TEARDOWN_FRAMEWORK_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def kill_task(self) -> Global___OperatorCall.KillTask: ...
     @_builtins.property
@@ -135,6 +157,8 @@ class OperatorCall(_message.Message):
     def mark_agent_gone(self) -> Global___OperatorCall.MarkAgentGone: ...
     @_builtins.property
     def set_weight(self) -> Global___OperatorCall.SetWeight: ...
+    @_builtins.property
+    def teardown_framework(self) -> Global___OperatorCall.TeardownFramework: ...
     def __init__(
         self,
         *,
@@ -142,12 +166,13 @@ class OperatorCall(_message.Message):
         get_logs: Global___OperatorCall.GetLogs | None = ...,
         mark_agent_gone: Global___OperatorCall.MarkAgentGone | None = ...,
         set_weight: Global___OperatorCall.SetWeight | None = ...,
+        teardown_framework: Global___OperatorCall.TeardownFramework | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "get_logs", b"get_logs", "kill_task", b"kill_task", "mark_agent_gone", b"mark_agent_gone", "set_weight", b"set_weight"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "get_logs", b"get_logs", "kill_task", b"kill_task", "mark_agent_gone", b"mark_agent_gone", "set_weight", b"set_weight", "teardown_framework", b"teardown_framework"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "get_logs", b"get_logs", "kill_task", b"kill_task", "mark_agent_gone", b"mark_agent_gone", "set_weight", b"set_weight"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "get_logs", b"get_logs", "kill_task", b"kill_task", "mark_agent_gone", b"mark_agent_gone", "set_weight", b"set_weight", "teardown_framework", b"teardown_framework"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_call: _TypeAlias = _typing.Literal["kill_task", "get_logs", "mark_agent_gone", "set_weight"]  # noqa: Y015
+    _WhichOneofReturnType_call: _TypeAlias = _typing.Literal["kill_task", "get_logs", "mark_agent_gone", "set_weight", "teardown_framework"]  # noqa: Y015
     _WhichOneofArgType_call: _TypeAlias = _typing.Literal["call", b"call"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_call) -> _WhichOneofReturnType_call | None: ...
 

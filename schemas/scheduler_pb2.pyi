@@ -352,12 +352,15 @@ class SchedulerEvent(_message.Message):
         HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _builtins.int
         MASTER_ID_FIELD_NUMBER: _builtins.int
         MASTER_EPOCH_FIELD_NUMBER: _builtins.int
+        CLUSTER_ID_FIELD_NUMBER: _builtins.int
         framework_id: _builtins.str
         heartbeat_interval_ms: _builtins.int
         """The master's heartbeat interval on this connection."""
         master_id: _builtins.str
         master_epoch: _builtins.int
         """The leading master's epoch; the framework drops events from lower epochs."""
+        cluster_id: _builtins.str
+        """The cluster's id (created once, kept in the registry)."""
         def __init__(
             self,
             *,
@@ -365,10 +368,11 @@ class SchedulerEvent(_message.Message):
             heartbeat_interval_ms: _builtins.int = ...,
             master_id: _builtins.str = ...,
             master_epoch: _builtins.int = ...,
+            cluster_id: _builtins.str = ...,
         ) -> None: ...
         _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
         def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-        _ClearFieldArgType: _TypeAlias = _typing.Literal["framework_id", b"framework_id", "heartbeat_interval_ms", b"heartbeat_interval_ms", "master_epoch", b"master_epoch", "master_id", b"master_id"]  # noqa: Y015
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster_id", b"cluster_id", "framework_id", b"framework_id", "heartbeat_interval_ms", b"heartbeat_interval_ms", "master_epoch", b"master_epoch", "master_id", b"master_id"]  # noqa: Y015
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
