@@ -40,6 +40,8 @@ import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from services.procs import cmdline, pid_alive
+
 __all__ = [
     "ZooKeeperEnsemble",
     "ZooKeeperError",
@@ -113,25 +115,6 @@ def _wait_until(predicate: Callable[[], bool], deadline: float) -> bool:
         if time.monotonic() >= deadline:
             return False
         time.sleep(_POLL_S)
-
-
-def _pid_alive(pid: int) -> bool:
-    """True when ``pid`` runs and is not a zombie (a zombie still answers kill(pid, 0))."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    # "pid (comm) state ...": comm may hold spaces or parentheses, so split after the last ')'.
-    state = stat.rsplit(")", 1)[-1].split()[0]
-    return state not in ("Z", "X")
-
-
-def _cmdline(pid: int) -> list[str]:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return []
-    return [part.decode("utf-8", "replace") for part in raw.split(b"\0") if part]
 
 
 def _java() -> str:
@@ -356,7 +339,7 @@ class ZooKeeperServer:
         if self._proc is not None:
             return self._proc.poll() is None
         pid = self._pid
-        return pid is not None and _pid_alive(pid) and self._is_ours(pid)
+        return pid is not None and pid_alive(pid) and self._is_ours(pid)
 
     def detach(self) -> None:
         """Let the server outlive this Python process (the CLI's ``start``)."""
@@ -417,7 +400,7 @@ class ZooKeeperServer:
 
     def _is_ours(self, pid: int) -> bool:
         """The pid still is our java process (pids get reused after a reboot or a kill)."""
-        cmd = _cmdline(pid)
+        cmd = cmdline(pid)
         return MAIN_CLASS in cmd and str(self.config_path) in cmd
 
     def _exit_code(self) -> int | None:
@@ -439,7 +422,7 @@ class ZooKeeperServer:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._proc.wait(timeout=wait_s)
         else:
-            _wait_until(lambda: not _pid_alive(pid), deadline)
+            _wait_until(lambda: not pid_alive(pid), deadline)
 
     def _forget(self) -> None:
         if self.alive():

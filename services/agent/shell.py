@@ -44,9 +44,9 @@ from services.bus.peer import DealerClient, HeartbeatConfig, RouterServer, Sende
 from services.bus.reactor import Reactor
 from services.bus.stats import Stats
 from services.executor.runtime import Runtime, Stream
+from services.procs import pid_alive
 from services.resources import Resources
 from services.shell.http import Response, StatusServer, json_response, text_response
-from services.shell.process import pid_alive
 from services.telemetry import extract, span_traceparent
 from services.telemetry import spans as sp
 

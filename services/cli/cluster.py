@@ -17,7 +17,7 @@ from pathlib import Path
 from rich.console import Console
 
 from services.cli.client import CliError, find_leader, http_get
-from services.shell.process import pid_alive
+from services.procs import pid_alive
 
 console = Console()
 RACKS = ("a", "b", "c")

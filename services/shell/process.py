@@ -4,7 +4,6 @@ stop, and the `--cluster` URL that names where election and registry live."""
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 from types import FrameType
 from typing import Protocol
@@ -48,14 +47,3 @@ def serve(shell: Service) -> int:
     finally:
         shell.close()
     return 0
-
-
-def pid_alive(pid: int) -> bool:
-    """True while a process with this pid exists (someone else's counts too)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

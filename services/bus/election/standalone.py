@@ -21,6 +21,7 @@ from services.bus.election.port import (
 )
 from services.bus.log import get_logger
 from services.bus.mailbox import Mailbox
+from services.procs import pid_alive, start_time
 
 log = get_logger("bus.election.standalone")
 
@@ -40,31 +41,6 @@ def _write_atomic(path: Path, data: bytes) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
-
-
-def process_start_time(pid: int) -> int | None:
-    """Start time of `pid` in clock ticks since boot (Linux), to tell a recycled pid."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
-    fields = stat.rsplit(")", 1)[1].split()
-    return int(fields[19])  # field 22 overall
-
-
-def pid_alive(pid: int, start_time: int | None = None) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # exists, owned by someone else
-    if start_time is not None:
-        now = process_start_time(pid)
-        if now is not None and now != start_time:
-            return False  # the pid was recycled
-    return True
 
 
 def read_leader_file(path: Path) -> dict[str, Any] | None:
@@ -156,7 +132,7 @@ class StandaloneContender:
                     "epoch": epoch,
                     "endpoints": self.endpoints,
                     "pid": os.getpid(),
-                    "pid_start": process_start_time(os.getpid()),
+                    "pid_start": start_time(os.getpid()),
                 }
                 _write_atomic(self._leader_path, json.dumps(info).encode())
             except OSError as exc:
