@@ -16,7 +16,9 @@ REASON_IMAGE_NOT_FOUND: Reason = TaskStatus.REASON_IMAGE_NOT_FOUND
 REASON_CONTAINER_LAUNCH_FAILED: Reason = TaskStatus.REASON_CONTAINER_LAUNCH_FAILED
 
 # Labels Offerbus puts on every container (Docker labels) or process record, so a restarted
-# agent finds what it started.
+# agent finds what it started. LABEL_CLUSTER names the cluster (its id from the registry):
+# whatever removes containers (agent orphan cleanup, `offerbus down`, tests) filters on it.
+LABEL_CLUSTER = "org.offerbus.cluster_id"
 LABEL_AGENT = "org.offerbus.agent_id"
 LABEL_FRAMEWORK = "org.offerbus.framework_id"
 LABEL_TASK = "org.offerbus.task_id"
