@@ -90,6 +90,10 @@ class Metrics:
                    value=lambda: float(epoch()))
         return self.counter("leaderships", "How many times this instance became the leader.")
 
+    def counter_function(self, name: str, help_text: str, value: Callable[[], float]) -> None:
+        """A counter (`<name>_total`) whose value is read at scrape time."""
+        self.registry.register(_CounterFunction(self.prefix + name, help_text, value))
+
     def labelled_gauge(self, name: str, help_text: str, label: str,
                        values: Callable[[], dict[str, float]]) -> None:
         """A gauge with one label whose values are read at scrape time."""
@@ -111,3 +115,11 @@ class _LabelledGauge(Collector):
         for key, value in sorted(self.values().items()):
             family.add_metric([key], value)
         yield family
+
+
+class _CounterFunction(Collector):
+    def __init__(self, name: str, help_text: str, value: Callable[[], float]) -> None:
+        self.name, self.help, self.value = name, help_text, value
+
+    def collect(self) -> Iterator[Metric]:
+        yield CounterMetricFamily(self.name, self.help, value=self.value())

@@ -36,6 +36,10 @@ class ServiceKit:
         self.stats = Stats()
         self.metrics = Metrics(service, self.stats)
         self.driver = CoreDriver(self.reactor, self.metrics, self.log)
+        self.metrics.counter_function(
+            "handler_errors", "Exceptions raised by this process's handlers and timers (each "
+            "logged with its traceback; the loop went on).",
+            lambda: float(self.reactor.handler_errors))
         self.sender = Sender(member_id, role)
         self.beat = HeartbeatConfig(heartbeat_interval, max_missed)
         self.host, self._http_port = host, http_port

@@ -53,7 +53,7 @@ def test_bad_files_are_refused_with_the_reason(tmp_path: Path) -> None:
         load("broker", OPTIONS, ["--config", str(broken)], environ={})
     typo = tmp_path / "typo.toml"
     typo.write_text('cluster = "x"\n[broker]\noffer_timout = 3\n')
-    with pytest.raises(ConfigError, match="unknown option.*offer_timout"):
+    with pytest.raises(ConfigError, match=r"unknown option.*offer_timout"):
         load("broker", OPTIONS, ["--config", str(typo)], environ={})
     wrong = tmp_path / "wrong.toml"
     wrong.write_text('cluster = "x"\nheartbeat = "soon"\n')
