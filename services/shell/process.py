@@ -1,15 +1,19 @@
-"""Process plumbing shared by every service's `__main__`: logging, SIGTERM/SIGINT to a clean
-stop, and the `--cluster` URL that names where election and registry live."""
+"""Process plumbing shared by every service's `__main__`: the one `main()` (configuration,
+logging, tracing), and SIGTERM/SIGINT to a clean stop."""
 
 from __future__ import annotations
 
 import argparse
 import signal
+import sys
+from collections.abc import Callable, Sequence
 from types import FrameType
-from typing import Protocol
+from typing import Any, Protocol
 
 from services.bus import log
 from services.bus.reactor import Reactor
+from services.shell import config
+from services.shell.config import Option
 
 
 def add_cluster_args(ap: argparse.ArgumentParser) -> None:
@@ -47,3 +51,24 @@ def serve(shell: Service) -> int:
     finally:
         shell.close()
     return 0
+
+
+def main(service: str, options: Sequence[Option], build: Callable[[dict[str, Any]], Service],
+         argv: Sequence[str] | None = None, description: str | None = None) -> int:
+    """The one `main()` of every service: options from flags, `OFFERBUS_*` and a TOML file
+    (checked: exit 2 with a clear line on a bad value), logging, tracing, then serve the
+    shell `build(values)` makes until SIGTERM/SIGINT."""
+    from services import telemetry
+
+    try:
+        values = config.load(service, [*config.COMMON, *options], argv,
+                             description=description)
+    except config.ConfigError as exc:
+        print(f"offerbus-{service}: {exc}", file=sys.stderr)
+        return 2
+    setup(service, values["log_level"])
+    telemetry.setup(f"offerbus-{service}", id=str(values.get("id") or ""))
+    try:
+        return serve(build(values))
+    finally:
+        telemetry.shutdown()  # flush the last spans
