@@ -197,3 +197,30 @@ def test_remove_cleans_up(rt: Harness) -> None:
     assert rt.runtime.find({LABEL_EXECUTOR: spec.labels[LABEL_EXECUTOR]}) == []
     assert rt.runtime.wait(handle, WAIT_S) is not None, "remove kills a running container"
     rt.runtime.remove(handle)  # twice is fine
+
+
+def test_exec_runs_inside_and_reports_the_exit_code(rt: Harness) -> None:
+    handle = rt.runtime.start(rt.spec("sleep 3600"))
+    ok = rt.runtime.exec(handle, ["/bin/sh", "-c", "echo inside; echo err >&2"], 10.0)
+    assert ok.exit_code == 0 and not ok.timed_out
+    assert b"inside" in ok.output and b"err" in ok.output
+    failed = rt.runtime.exec(handle, ["/bin/sh", "-c", "exit 3"], 10.0)
+    assert failed.exit_code == 3 and not failed.timed_out
+    assert rt.runtime.wait(handle, 0) is None, "the task runs on"
+
+
+def test_exec_output_is_bounded(rt: Harness) -> None:
+    handle = rt.runtime.start(rt.spec("sleep 3600"))
+    script = "i=0; while [ $i -lt 500 ]; do echo line-$i; i=$((i+1)); done"
+    res = rt.runtime.exec(handle, ["/bin/sh", "-c", script], 10.0, max_bytes=100)
+    assert res.exit_code == 0 and res.truncated and len(res.output) <= 100
+    assert res.output.endswith(b"line-499\n"), "the last bytes are kept"
+
+
+def test_exec_times_out_and_kills_the_command(rt: Harness) -> None:
+    handle = rt.runtime.start(rt.spec("sleep 3600"))
+    started = time.monotonic()
+    res = rt.runtime.exec(handle, ["/bin/sh", "-c", "echo begun; sleep 30"], 0.5)
+    took = time.monotonic() - started
+    assert res.timed_out and res.exit_code is None and took < 5.0
+    assert rt.runtime.wait(handle, 0) is None, "a timed-out check does not end the task"
