@@ -281,7 +281,11 @@ class AgentShell:
 
     def _on_results(self) -> None:
         for event in self._results.drain():
-            self._run(event(time.time()))
+            try:
+                self._run(event(time.time()))
+            except Exception as exc:  # one bad result never stops the reactor
+                self.stats.inc("handler_errors{handler=containers}")
+                log.error("container result failed", error=repr(exc))
 
     def _stop_containers(self, cmd: StopContainers) -> CoreEvent:
         """Kill and remove a gone executor's containers (found by their labels)."""
