@@ -8,12 +8,15 @@ cluster (no cleanup, its checkpointed cluster id kept)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -281,6 +284,11 @@ def test_restart_removes_only_this_clusters_orphans_and_refuses_another_cluster(
     master.run_until(lambda: "cluster_mismatch" in agent.log(), 10.0, "no cluster_mismatch line")
     line = next(x for x in agent.log().splitlines() if "cluster_mismatch" in x)
     assert "ERROR" in line and other in line and cluster in line
+    http = re.findall(r"agent started .* http=(\S+)", agent.log())[-1]
+    with urllib.request.urlopen(f"{http}/metrics", timeout=5) as r:
+        assert 'offerbus_agent_notices_total{kind="cluster_mismatch"} 1' in r.read().decode()
+    with urllib.request.urlopen(f"{http}/health", timeout=5) as r:
+        assert json.loads(r.read())["registration"] == "refused"
     assert (agent.work_dir / "cluster_id").read_text().strip() == cluster
     assert exists(env, orphan2), "an orphan was removed on a master of another cluster"
     for what, cid in keep.items():  # ghost-2 would be an orphan if it adopted `other`
