@@ -8,6 +8,7 @@ import os
 import signal as signals
 import threading
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import docker
@@ -198,14 +199,16 @@ class DockerRuntime:
                           truncated=out.truncated)
 
     def _kill_exec(self, exec_id: str) -> None:
-        """The engine cannot stop an exec; its process is on this host: SIGKILL it."""
+        """The engine cannot stop an exec; its processes are on this host: SIGKILL the exec's
+        process and everything it started (a child left holding the output would keep the
+        reader thread alive)."""
         try:
             pid = int(self.api.exec_inspect(exec_id).get("Pid") or 0)
         except (DockerException, requests.RequestException, ValueError):
             return
-        if pid > 0:
+        for victim in _process_tree(pid) if pid > 0 else []:
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signals.SIGKILL)
+                os.kill(victim, signals.SIGKILL)
 
     def _remove_quietly(self, container_id: str) -> None:
         try:
@@ -213,6 +216,27 @@ class DockerRuntime:
         except (DockerException, requests.RequestException) as exc:
             log.warning("could not remove a container that failed to start",
                         container=container_id, error=_explain(exc))
+
+
+def _process_tree(root: int) -> list[int]:
+    """`root` and its descendants (from /proc), parents first."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[-1].split()
+        if len(fields) > 1:
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    tree, queue = [], [root]
+    while queue:
+        pid = queue.pop(0)
+        tree.append(pid)
+        queue.extend(children.get(pid, []))
+    return tree
 
 
 def _explain(exc: BaseException) -> str:

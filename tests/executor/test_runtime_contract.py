@@ -4,6 +4,7 @@ after a "restart" (a fresh runtime object), remove."""
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -22,6 +23,7 @@ from services.executor.runtime import (
     LaunchError,
     Runtime,
 )
+from services.procs import cmdline
 from tests.waiting import wait_for
 
 TEST_LABEL = "org.offerbus.test"
@@ -220,7 +222,13 @@ def test_exec_output_is_bounded(rt: Harness) -> None:
 def test_exec_times_out_and_kills_the_command(rt: Harness) -> None:
     handle = rt.runtime.start(rt.spec("sleep 3600"))
     started = time.monotonic()
-    res = rt.runtime.exec(handle, ["/bin/sh", "-c", "echo begun; sleep 30"], 0.5)
+    marker = f"sleep {30 + int(uuid.uuid4().int % 9000)}"  # names this test's child
+    res = rt.runtime.exec(handle, ["/bin/sh", "-c", f"echo begun; {marker}; echo never"], 0.5)
     took = time.monotonic() - started
     assert res.timed_out and res.exit_code is None and took < 5.0
     assert rt.runtime.wait(handle, 0) is None, "a timed-out check does not end the task"
+
+    def left() -> list[int]:  # what the command started is killed too (nothing piles up)
+        return [int(p) for p in os.listdir("/proc") if p.isdigit()
+                and " ".join(cmdline(int(p))) == marker]
+    wait_for(lambda: not left(), 5.0, message=lambda: f"{marker} still runs: {left()}")
