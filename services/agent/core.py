@@ -321,11 +321,12 @@ class AgentCore:
     def executor_call(self, peer: bytes, call: executor_pb2.ExecutorCall,
                       now: float) -> list[Command]:
         ex = self.executors.get(call.executor_id)
-        if ex is None or ex.framework_id != call.framework_id:
+        kind = call.WhichOneof("call")
+        late = ex is not None and ex.exited and kind == "subscribe"  # given up on: no launch
+        if ex is None or ex.framework_id != call.framework_id or late:
             event = executor_pb2.ExecutorEvent()
             event.shutdown.grace_period_s = 0.0
             return [ToExecutor(peer, event)]  # nobody knows this executor: it must stop
-        kind = call.WhichOneof("call")
         cmds: list[Command] = []
         if kind == "subscribe":
             ex.peer = peer

@@ -22,6 +22,7 @@ from services.agent.core import (
     SaveClusterId,
     ScanContainers,
     StopContainers,
+    ToExecutor,
     ToMaster,
 )
 from services.executor.runtime import LABEL_AGENT, LABEL_CLUSTER, LABEL_EXECUTOR, Handle
@@ -163,6 +164,10 @@ def test_registration_retry_and_executor_timeouts_are_deadlines() -> None:
     assert core.next_deadline() == 2.0 + agent_core.EXECUTOR_REGISTRATION_TIMEOUT_S
     [stop] = durable(core, core.tick(core.next_deadline() or 0.0), 40.0)
     assert isinstance(stop, StopContainers) and stop.executor_id == ex_id
+    # An executor that subscribes after it was given up on is told to stop, not launched.
+    events = [c.event.WhichOneof("event") for c in subscribe(core, ex_id)
+              if isinstance(c, ToExecutor)]
+    assert events == ["shutdown"]
 
 
 OPS = st.sampled_from(["run", "subscribe", "running", "exit", "stopped", "stop_failed",
