@@ -1,7 +1,8 @@
 """The agent's shell: finds the leading master, registers, runs the AgentCore's commands —
 launching executors through the fork-server, the executor ROUTER (a stable local endpoint,
 so executors find a restarted agent), group-committed status-update checkpoints, executor
-pid watch, orphan container cleanup after a restart — and serves /health /state /metrics."""
+pid watch, container work (list, stop, remove, logs) on a worker thread, one timer re-armed
+from the core's next deadline — and serves /health /state /metrics."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import json
 import os
 import socket
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,17 +26,21 @@ from opentelemetry.trace import Span, StatusCode
 from schemas import common_pb2
 from services.agent import status_updates as su
 from services.agent.checkpoint import AgentCheckpoint, StatusUpdateLog
-from services.agent.core import (
-    AgentCore,
+from services.agent.commands import (
     Command,
     FetchLogs,
     LaunchExecutor,
-    Registration,
+    LeaveMaster,
+    RemoveContainers,
     SaveAgentId,
+    SaveClusterId,
     SaveState,
+    ScanContainers,
+    StopContainers,
     ToExecutor,
     ToMaster,
 )
+from services.agent.core import AgentCore, Registration
 from services.agent.launcher import ExecutorLauncher
 from services.bus import codec
 from services.bus.election import LeaderChanged, detector_from_url
@@ -41,9 +48,10 @@ from services.bus.epoch import EpochFence
 from services.bus.log import get_logger
 from services.bus.mailbox import Mailbox
 from services.bus.peer import DealerClient, HeartbeatConfig, RouterServer, Sender
-from services.bus.reactor import Reactor
+from services.bus.reactor import Reactor, Timer
 from services.bus.stats import Stats
-from services.executor.runtime import Runtime, Stream
+from services.executor.runtime import LABEL_EXECUTOR, Logs, Stream, make_runtime
+from services.notice import Notice
 from services.procs import pid_alive
 from services.resources import Resources
 from services.shell.http import Response, StatusServer, json_response, text_response
@@ -55,6 +63,7 @@ log = get_logger("agent")
 MASTER = codec.Role.Value("ROLE_MASTER")
 DEFAULT_RESOURCES = "cpus:{cpus};mem:{mem};disk:10240;ports:[31000-32000]"
 PID_WATCH_INTERVAL = 0.5
+CoreEvent = Callable[[float], list[Command]]  # a core call, made on the reactor thread
 
 
 def detect_resources() -> str:
@@ -98,18 +107,6 @@ class AgentConfig:
     max_missed: int = 5
 
 
-def make_runtime(name: str, work_dir: Path) -> Runtime:
-    if name == "docker":
-        from services.executor.docker_runtime import DockerRuntime
-
-        return DockerRuntime()
-    if name == "process":
-        from services.executor.process_runtime import ProcessRuntime
-
-        return ProcessRuntime(work_dir / "sandboxes")
-    raise ValueError(f"unknown runtime {name!r}: docker or process")
-
-
 class AgentShell:
     def __init__(self, config: AgentConfig, reactor: Reactor | None = None) -> None:
         self.config = config
@@ -120,6 +117,7 @@ class AgentShell:
         self.checkpoint = AgentCheckpoint(config.work_dir)
         self.update_log = StatusUpdateLog(config.work_dir)
         agent_id = self.checkpoint.load_agent_id() or ""
+        cluster_id = self.checkpoint.load_cluster_id() or ""
         state = self.checkpoint.load_state()
         records = self.update_log.load()
         self.sender = Sender(agent_id or f"agent-{config.hostname}", codec.Role.Value("ROLE_AGENT"))
@@ -142,8 +140,14 @@ class AgentShell:
         info.resources.extend(Resources.parse(config.resources).to_proto())
         info.attributes.extend(parse_attributes(config.attributes))
         now = time.time()
-        self.core = AgentCore(info, now=now, recovered=state, records=records)
-        self.runtime = make_runtime(config.runtime, config.work_dir)
+        self.core = AgentCore(info, now=now, recovered=state, records=records,
+                              cluster_id=cluster_id)
+        self.runtime = make_runtime(config.runtime, config.work_dir / "sandboxes")
+        # Container engine calls (stop, list, remove, logs) block: one worker thread makes
+        # them and hands each result back to the reactor as a core event.
+        self._containers_pool = ThreadPoolExecutor(1, thread_name_prefix="containers")
+        self._results: Mailbox[CoreEvent] = Mailbox()
+        self.reactor.add_reader(self._results, self._on_results)
         self.launcher = ExecutorLauncher(config.work_dir)
         # Launching blocks on the fork server's answer: a worker thread does it, so the
         # reactor keeps answering executors and the master while a batch of tasks starts.
@@ -160,13 +164,13 @@ class AgentShell:
         self.detector = detector_from_url(config.cluster_url, "master")
         self.reactor.add_reader(self.detector, self._on_leader)
         self._pending: list[su.Checkpoint] = []
-        self.reactor.on_idle(self._commit)
-        self.reactor.every(0.1, self._tick)
+        self._timer: Timer | None = None  # the one timer, at the core's next deadline
+        self._timer_at: float | None = None
+        self.reactor.on_idle(self._after_wakeup)
         self.reactor.every(PID_WATCH_INTERVAL, self._watch_pids)
-        if state is not None:
-            self._remove_orphans()
         self.detector.start()
-        log.info("agent started", id=agent_id or "(new)", hostname=config.hostname,
+        log.info("agent started", id=agent_id or "(new)", cluster=cluster_id or "(unknown)",
+                 hostname=config.hostname,
                  resources=config.resources, executors=self.executors.endpoint,
                  http=self.http.url, recovered_tasks=len(self.core.executors))
 
@@ -217,7 +221,7 @@ class AgentShell:
     def _launch(self, cmd: LaunchExecutor) -> None:
         argv = ["--agent", self.executors.endpoint, "--executor-id", cmd.executor_id,
                 "--framework-id", cmd.framework_id, "--task-id", cmd.task_id,
-                "--agent-id", self.core.agent_id,
+                "--agent-id", self.core.agent_id, "--cluster-id", cmd.cluster_id,
                 "--work-dir", str(self.config.work_dir / "sandboxes" / cmd.executor_id),
                 "--runtime", self.config.runtime]
         # The `run` span (under the master's launch span) lasts until the executor is
@@ -263,26 +267,62 @@ class AgentShell:
                 log.info("executor exited", executor=ex.executor_id, pid=ex.pid)
                 self._run(self.core.executor_exited(ex.executor_id, now))
 
-    def _remove_orphans(self) -> None:
-        """Containers of this agent that no executor owns any more are killed and removed."""
-        if not self.core.agent_id:
-            return
-        known = set(self.core.executors)
-        try:
-            handles = self.runtime.find({"org.offerbus.agent_id": self.core.agent_id})
-        except Exception as exc:
-            log.warning("orphan scan failed", error=repr(exc))
-            return
-        for handle in handles:
-            if handle.labels.get("org.offerbus.executor_id") not in known:
-                log.warning("removing orphan container", id=handle.id, labels=handle.labels)
-                try:
-                    self.runtime.kill(handle, 0.0)
-                    self.runtime.remove(handle)
-                except Exception as exc:
-                    log.warning("orphan removal failed", id=handle.id, error=repr(exc))
+    # -- containers (on the worker thread) ---------------------------------------------------
+    def _in_worker(self, work: Callable[[], CoreEvent]) -> None:
+        """Run `work` on the containers thread; the core event it returns runs on the reactor."""
+        def job() -> None:
+            try:
+                event = work()
+            except Exception as exc:  # never lose the reactor's answer
+                log.error("container work failed", error=repr(exc))
+                return
+            self._results.put(event)
+        self._containers_pool.submit(job)
 
-    def _fetch_logs(self, cmd: FetchLogs) -> None:
+    def _on_results(self) -> None:
+        for event in self._results.drain():
+            try:
+                self._run(event(time.time()))
+            except Exception as exc:  # one bad result never stops the reactor
+                self.stats.inc("handler_errors{handler=containers}")
+                log.error("container result failed", error=repr(exc))
+
+    def _stop_containers(self, cmd: StopContainers) -> CoreEvent:
+        """Kill and remove a gone executor's containers (found by their labels)."""
+        removed: list[str] = []
+        try:
+            for handle in self.runtime.find(cmd.labels):
+                self.runtime.remove(handle)
+                removed.append(handle.id)
+                log.info("stopped the container of a gone executor", container=handle.id[:12],
+                         executor=cmd.executor_id)
+        except Exception as exc:
+            error = repr(exc)
+            return lambda now: self.core.containers_stopped(cmd.executor_id, removed, error, now)
+        return lambda now: self.core.containers_stopped(cmd.executor_id, removed, "", now)
+
+    def _scan_containers(self, cmd: ScanContainers) -> CoreEvent:
+        try:
+            found = self.runtime.find(cmd.labels)
+        except Exception as exc:
+            error = repr(exc)
+            return lambda now: self.core.containers_found([], error, now)
+        return lambda now: self.core.containers_found(found, "", now)
+
+    def _remove_containers(self, cmd: RemoveContainers) -> CoreEvent:
+        removed: list[str] = []
+        errors: list[str] = []
+        for handle in cmd.handles:
+            log.warning("removing orphan container", id=handle.id[:12], name=handle.name,
+                        labels=dict(handle.labels))
+            try:
+                self.runtime.remove(handle)
+                removed.append(handle.name)
+            except Exception as exc:
+                errors.append(f"{handle.name}: {exc!r}")
+        return lambda now: self.core.orphans_removed(removed, errors)
+
+    def _fetch_logs(self, cmd: FetchLogs) -> CoreEvent:
         """A running task's output comes from its container; a finished one's from the copy
         its executor left in the sandbox (the container is removed when the task ends)."""
         req = cmd.request
@@ -293,10 +333,10 @@ class AgentShell:
         stream: Stream = "stderr" if req.stream == 2 else "stdout"
         limit = req.max_bytes or 1 << 20
         try:
-            handles = (self.runtime.find({"org.offerbus.executor_id": cmd.executor_id})
+            handles = (self.runtime.find({LABEL_EXECUTOR: cmd.executor_id})
                        if cmd.executor_id else [])
             if handles:
-                logs = self.runtime.logs(handles[0], stream, req.tail_lines or None, limit)
+                logs: Logs = self.runtime.logs(handles[0], stream, req.tail_lines or None, limit)
                 reply.data, reply.truncated = logs.data, logs.truncated
             else:
                 reply.data, reply.truncated = self._sandbox_logs(req.task_id, stream,
@@ -304,7 +344,11 @@ class AgentShell:
             reply.eof = True
         except Exception as exc:
             reply.error = str(exc)
-        self.master.send(call)
+
+        def send(now: float) -> list[Command]:
+            self.master.send(call)  # sockets only on the reactor thread
+            return []
+        return send
 
     def _sandbox_logs(self, task_id: str, stream: str, tail_lines: int,
                       limit: int) -> tuple[bytes, bool]:
@@ -342,8 +386,31 @@ class AgentShell:
             elif isinstance(cmd, SaveAgentId):
                 self.checkpoint.save_agent_id(cmd.agent_id)
                 self.sender.sender_id = cmd.agent_id
+            elif isinstance(cmd, SaveClusterId):
+                self.checkpoint.save_cluster_id(cmd.cluster_id)
+                log.info("cluster id checkpointed", cluster=cmd.cluster_id)
+            elif isinstance(cmd, LeaveMaster):
+                self.master.disconnect()
+            elif isinstance(cmd, Notice):
+                self._notice(cmd)
             elif isinstance(cmd, FetchLogs):
-                self._fetch_logs(cmd)
+                self._in_worker(partial(self._fetch_logs, cmd))
+            elif isinstance(cmd, StopContainers):
+                self._in_worker(partial(self._stop_containers, cmd))
+            elif isinstance(cmd, ScanContainers):
+                self._in_worker(partial(self._scan_containers, cmd))
+            elif isinstance(cmd, RemoveContainers):
+                self._in_worker(partial(self._remove_containers, cmd))
+
+    def _notice(self, notice: Notice) -> None:
+        self.stats.inc(f"notices{{kind={notice.kind}}}")
+        fields = notice.fields()
+        if notice.level == "error":
+            log.error(notice.kind, message=notice.message, **fields)
+        elif notice.level == "warning":
+            log.warning(notice.kind, message=notice.message, **fields)
+        else:
+            log.info(notice.kind, message=notice.message, **fields)
 
     def _commit(self) -> None:
         """Group commit: one fsync for every checkpoint record of this wake-up, then let
@@ -355,7 +422,23 @@ class AgentShell:
             for c in batch:
                 self._run(self.core.checkpointed(c.record, now))
 
+    def _after_wakeup(self) -> None:
+        self._commit()
+        self._rearm()
+
+    def _rearm(self) -> None:
+        """One timer, at the core's next deadline. A timer set earlier than that stays (it
+        fires, finds nothing due, and re-arms): cancelled timers never pile up."""
+        deadline = self.core.next_deadline()
+        if deadline is None or (self._timer_at is not None and self._timer_at <= deadline):
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = deadline
+        self._timer = self.reactor.call_later(max(0.0, deadline - time.time()), self._tick)
+
     def _tick(self) -> None:
+        self._timer, self._timer_at = None, None
         self._run(self.core.tick(time.time()))
 
     # -- HTTP ------------------------------------------------------------------------------
@@ -390,6 +473,9 @@ class AgentShell:
         self.executors.close()
         self.http.close()
         self._launch_pool.shutdown(wait=True)
+        self._containers_pool.shutdown(wait=True)
+        self.reactor.remove_reader(self._results)
+        self._results.close()
         for span in self._run_spans.values():  # forks still unanswered: end them anyway
             span.end()
         self._run_spans.clear()
