@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -17,7 +16,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import zmq
 from google.protobuf.json_format import MessageToDict
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -47,14 +45,13 @@ from services.bus.election import LeaderChanged, detector_from_url
 from services.bus.epoch import EpochFence
 from services.bus.log import get_logger
 from services.bus.mailbox import Mailbox
-from services.bus.peer import DealerClient, HeartbeatConfig, RouterServer, Sender
-from services.bus.reactor import Reactor, Timer
-from services.bus.stats import Stats
+from services.bus.peer import DealerClient, HeartbeatConfig, RouterServer
+from services.bus.reactor import Reactor
 from services.executor.runtime import LABEL_EXECUTOR, Logs, Stream, make_runtime
-from services.notice import Notice
 from services.procs import pid_alive
 from services.resources import Resources
-from services.shell.http import Response, StatusServer, json_response, text_response
+from services.shell.http import Response, json_response
+from services.shell.service import ServiceKit
 from services.telemetry import extract, span_traceparent
 from services.telemetry import spans as sp
 
@@ -107,21 +104,21 @@ class AgentConfig:
     max_missed: int = 5
 
 
-class AgentShell:
+class AgentShell(ServiceKit):
     def __init__(self, config: AgentConfig, reactor: Reactor | None = None) -> None:
+        checkpoint = AgentCheckpoint(config.work_dir)  # (makes the work dir)
+        agent_id = checkpoint.load_agent_id() or ""
+        super().__init__("agent", agent_id or f"agent-{config.hostname}",
+                         codec.Role.Value("ROLE_AGENT"), host=config.host,
+                         http_port=config.http_port,
+                         heartbeat_interval=config.heartbeat_interval,
+                         max_missed=config.max_missed, reactor=reactor)
         self.config = config
-        self.reactor = reactor or Reactor()
-        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        self.stats = Stats()
-        config.work_dir.mkdir(parents=True, exist_ok=True)
-        self.checkpoint = AgentCheckpoint(config.work_dir)
+        self.checkpoint = checkpoint
         self.update_log = StatusUpdateLog(config.work_dir)
-        agent_id = self.checkpoint.load_agent_id() or ""
         cluster_id = self.checkpoint.load_cluster_id() or ""
         state = self.checkpoint.load_state()
         records = self.update_log.load()
-        self.sender = Sender(agent_id or f"agent-{config.hostname}", codec.Role.Value("ROLE_AGENT"))
-        beat = HeartbeatConfig(config.heartbeat_interval, config.max_missed)
         port_file = config.work_dir / "executor_port"
         port = int(port_file.read_text()) if port_file.exists() else 0
         # A stable loopback port kept in the work dir: executors find a restarted agent.
@@ -131,15 +128,13 @@ class AgentShell:
             name="executors")
         if not port:
             port_file.write_text(self.executors.endpoint.rsplit(":", 1)[1])
-        self.http = StatusServer(self.reactor, config.host, config.http_port, {
-            "/health": self._http_health, "/state": self._http_state,
-            "/metrics": self._http_metrics})
+        http = self.start_http({"/state": self._http_state})
         info = common_pb2.AgentInfo(agent_id=agent_id, hostname=config.hostname,
-                                    address=config.host, endpoint=self.http.url,
+                                    address=config.host, endpoint=http.url,
                                     version="offerbus-0.1")
         info.resources.extend(Resources.parse(config.resources).to_proto())
         info.attributes.extend(parse_attributes(config.attributes))
-        now = time.time()
+        now = self.driver.now()
         self.core = AgentCore(info, now=now, recovered=state, records=records,
                               cluster_id=cluster_id)
         self.runtime = make_runtime(config.runtime, config.work_dir / "sandboxes")
@@ -159,20 +154,21 @@ class AgentShell:
         self.fence = EpochFence(frozenset({MASTER}))
         self.master = DealerClient(
             self.reactor, self.ctx, self.sender, self._on_master,
-            on_connected=self._master_connected, on_gone=self._master_gone, heartbeat=beat,
+            on_connected=self._master_connected, on_gone=self._master_gone, heartbeat=self.beat,
             stats=self.stats, fence=self.fence, name="master")
         self.detector = detector_from_url(config.cluster_url, "master")
         self.reactor.add_reader(self.detector, self._on_leader)
         self._pending: list[su.Checkpoint] = []
-        self._timer: Timer | None = None  # the one timer, at the core's next deadline
-        self._timer_at: float | None = None
+        self._register_handlers()
+        self._register_metrics()
+        self.driver.attach(self.core)  # the one timer, at the core's next deadline
         self.reactor.on_idle(self._after_wakeup)
         self.reactor.every(PID_WATCH_INTERVAL, self._watch_pids)
         self.detector.start()
         log.info("agent started", id=agent_id or "(new)", cluster=cluster_id or "(unknown)",
                  hostname=config.hostname,
                  resources=config.resources, executors=self.executors.endpoint,
-                 http=self.http.url, recovered_tasks=len(self.core.executors))
+                 http=http.url, recovered_tasks=len(self.core.executors))
 
     # -- master ----------------------------------------------------------------------------
     def _on_leader(self) -> None:
@@ -183,7 +179,7 @@ class AgentShell:
             if leader is None or "front" not in leader.endpoints:
                 log.warning("no leading master")
                 self.master.disconnect()
-                self._run(self.core.master_lost(time.time()))
+                self._run(self.core.master_lost(self.driver.now()))
                 continue
             self.fence.observe(MASTER, leader.epoch)
             log.info("leading master", id=leader.member_id, epoch=leader.epoch,
@@ -191,14 +187,14 @@ class AgentShell:
             self.master.connect(leader.endpoints["front"])
 
     def _master_connected(self) -> None:
-        self._run(self.core.master_detected(time.time()))
+        self._run(self.core.master_detected(self.driver.now()))
 
     def _master_gone(self) -> None:
-        self._run(self.core.master_lost(time.time()))
+        self._run(self.core.master_lost(self.driver.now()))
 
     def _on_master(self, env: codec.Envelope) -> None:
         kind = codec.payload_kind(env)
-        now = time.time()
+        now = self.driver.now()
         if kind == "agent_event":
             event = env.agent_event
             if event.WhichOneof("event") == "run_tasks":
@@ -216,7 +212,7 @@ class AgentShell:
         if codec.payload_kind(env) != "executor_call":
             self.stats.inc("frames_dropped{reason=unexpected}")
             return
-        self._run(self.core.executor_call(peer, env.executor_call, time.time()))
+        self._run(self.core.executor_call(peer, env.executor_call, self.driver.now()))
 
     def _launch(self, cmd: LaunchExecutor) -> None:
         argv = ["--agent", self.executors.endpoint, "--executor-id", cmd.executor_id,
@@ -255,13 +251,13 @@ class AgentShell:
             if isinstance(result, Exception):
                 log.error("executor launch failed", executor=executor_id, error=repr(result))
                 self._run(self.core.executor_launch_failed(executor_id, str(result),
-                                                           time.time()))
+                                                           self.driver.now()))
             else:
                 self.stats.inc("executors_launched")
                 self._run(self.core.executor_launched(executor_id, result))
 
     def _watch_pids(self) -> None:
-        now = time.time()
+        now = self.driver.now()
         for ex in list(self.core.executors.values()):
             if ex.pid and not ex.exited and not pid_alive(ex.pid):
                 log.info("executor exited", executor=ex.executor_id, pid=ex.pid)
@@ -282,7 +278,7 @@ class AgentShell:
     def _on_results(self) -> None:
         for event in self._results.drain():
             try:
-                self._run(event(time.time()))
+                self._run(event(self.driver.now()))
             except Exception as exc:  # one bad result never stops the reactor
                 self.stats.inc("handler_errors{handler=containers}")
                 log.error("container result failed", error=repr(exc))
@@ -364,53 +360,44 @@ class AgentShell:
             data = b"".join(data.splitlines(keepends=True)[-tail_lines:])
         return data[-limit:], len(data) > limit
 
-    # -- commands --------------------------------------------------------------------------
+    # -- commands, by type ----------------------------------------------------------------
     def _run(self, cmds: list[Command]) -> None:
-        for cmd in cmds:
-            if isinstance(cmd, su.Checkpoint):
-                self._pending.append(cmd)
-            elif isinstance(cmd, ToMaster):
-                env = codec.Envelope()
-                env.agent_call.CopyFrom(cmd.call)
-                if not self.master.send(env):
-                    self.stats.inc("master_calls_unsent")
-            elif isinstance(cmd, ToExecutor):
-                env = codec.Envelope()
-                env.executor_event.CopyFrom(cmd.event)
-                env.traceparent = cmd.traceparent
-                self.executors.send(cmd.peer, env)
-            elif isinstance(cmd, LaunchExecutor):
-                self._launch(cmd)
-            elif isinstance(cmd, SaveState):
-                self.checkpoint.save_state(cmd.state)
-            elif isinstance(cmd, SaveAgentId):
-                self.checkpoint.save_agent_id(cmd.agent_id)
-                self.sender.sender_id = cmd.agent_id
-            elif isinstance(cmd, SaveClusterId):
-                self.checkpoint.save_cluster_id(cmd.cluster_id)
-                log.info("cluster id checkpointed", cluster=cmd.cluster_id)
-            elif isinstance(cmd, LeaveMaster):
-                self.master.disconnect()
-            elif isinstance(cmd, Notice):
-                self._notice(cmd)
-            elif isinstance(cmd, FetchLogs):
-                self._in_worker(partial(self._fetch_logs, cmd))
-            elif isinstance(cmd, StopContainers):
-                self._in_worker(partial(self._stop_containers, cmd))
-            elif isinstance(cmd, ScanContainers):
-                self._in_worker(partial(self._scan_containers, cmd))
-            elif isinstance(cmd, RemoveContainers):
-                self._in_worker(partial(self._remove_containers, cmd))
+        self.driver.dispatch(cmds)
 
-    def _notice(self, notice: Notice) -> None:
-        self.stats.inc(f"notices{{kind={notice.kind}}}")
-        fields = notice.fields()
-        if notice.level == "error":
-            log.error(notice.kind, message=notice.message, **fields)
-        elif notice.level == "warning":
-            log.warning(notice.kind, message=notice.message, **fields)
-        else:
-            log.info(notice.kind, message=notice.message, **fields)
+    def _register_handlers(self) -> None:
+        on = self.driver.on
+        on(su.Checkpoint, lambda c: self._pending.append(c))  # (_commit swaps the list)
+        on(ToMaster, self._to_master)
+        on(ToExecutor, self._to_executor)
+        on(LaunchExecutor, self._launch)
+        on(SaveState, lambda c: self.checkpoint.save_state(c.state))
+        on(SaveAgentId, self._save_agent_id)
+        on(SaveClusterId, self._save_cluster_id)
+        on(LeaveMaster, lambda c: self.master.disconnect())
+        on(FetchLogs, lambda c: self._in_worker(partial(self._fetch_logs, c)))
+        on(StopContainers, lambda c: self._in_worker(partial(self._stop_containers, c)))
+        on(ScanContainers, lambda c: self._in_worker(partial(self._scan_containers, c)))
+        on(RemoveContainers, lambda c: self._in_worker(partial(self._remove_containers, c)))
+
+    def _to_master(self, cmd: ToMaster) -> None:
+        env = codec.Envelope()
+        env.agent_call.CopyFrom(cmd.call)
+        if not self.master.send(env):
+            self.stats.inc("master_calls_unsent")
+
+    def _to_executor(self, cmd: ToExecutor) -> None:
+        env = codec.Envelope()
+        env.executor_event.CopyFrom(cmd.event)
+        env.traceparent = cmd.traceparent
+        self.executors.send(cmd.peer, env)
+
+    def _save_agent_id(self, cmd: SaveAgentId) -> None:
+        self.checkpoint.save_agent_id(cmd.agent_id)
+        self.sender.sender_id = self.member_id = cmd.agent_id
+
+    def _save_cluster_id(self, cmd: SaveClusterId) -> None:
+        self.checkpoint.save_cluster_id(cmd.cluster_id)
+        log.info("cluster id checkpointed", cluster=cmd.cluster_id)
 
     def _commit(self) -> None:
         """Group commit: one fsync for every checkpoint record of this wake-up, then let
@@ -418,60 +405,41 @@ class AgentShell:
         while self._pending:
             batch, self._pending = self._pending, []
             self.update_log.append([c.record for c in batch])
-            now = time.time()
+            now = self.driver.now()
             for c in batch:
                 self._run(self.core.checkpointed(c.record, now))
 
     def _after_wakeup(self) -> None:
         self._commit()
-        self._rearm()
+        self.driver.rearm()
 
-    def _rearm(self) -> None:
-        """One timer, at the core's next deadline. A timer set earlier than that stays (it
-        fires, finds nothing due, and re-arms): cancelled timers never pile up."""
-        deadline = self.core.next_deadline()
-        if deadline is None or (self._timer_at is not None and self._timer_at <= deadline):
-            return
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer_at = deadline
-        self._timer = self.reactor.call_later(max(0.0, deadline - time.time()), self._tick)
-
-    def _tick(self) -> None:
-        self._timer, self._timer_at = None, None
-        self._run(self.core.tick(time.time()))
-
-    # -- HTTP ------------------------------------------------------------------------------
-    def _http_health(self, query: dict[str, list[str]]) -> Response:
-        body = {"service": "agent", "id": self.core.agent_id,
+    # -- HTTP and metrics ----------------------------------------------------------------
+    def health(self) -> dict[str, Any]:
+        return {"id": self.core.agent_id, "cluster_id": self.core.cluster_id,
                 "registration": self.core.registration.value,
                 "master_connected": self.master.connected}
-        return json_response(json.dumps(body).encode())
 
     def _http_state(self, query: dict[str, list[str]]) -> Response:
         state: dict[str, Any] = MessageToDict(self.core.state(), preserving_proto_field_name=True)
         state["registration"] = self.core.registration.value
         return json_response(json.dumps(state, sort_keys=True).encode())
 
-    def _http_metrics(self, query: dict[str, list[str]]) -> Response:
-        lines = [self.stats.prometheus("offerbus_agent_")]
-        registered = int(self.core.registration is Registration.REGISTERED)
-        lines.append(f"offerbus_agent_registered {registered}\n")
-        lines.append(f"offerbus_agent_executors {len(self.core.executors)}\n")
-        for name, n in sorted(self.core.updates.counts.items()):
-            lines.append(f'offerbus_agent_status_updates_total{{event="{name}"}} {n}\n')
-        return text_response("".join(lines))
+    def _register_metrics(self) -> None:
+        m = self.metrics
+        m.gauge("registered", "1 while the agent is registered with the leading master.",
+                value=lambda: float(self.core.registration is Registration.REGISTERED))
+        m.gauge("executors", "Executors the agent knows (running or being stopped).",
+                value=lambda: float(len(self.core.executors)))
+        m.labelled_counter("status_updates", "Status updates handled by the agent's status "
+                           "update manager, by event.", "event",
+                           lambda: {k: float(v) for k, v in self.core.updates.counts.items()})
 
-    def run(self) -> None:
-        self.reactor.run()
-
-    def close(self) -> None:
+    def close(self, linger_ms: int = 0) -> None:
         self._commit()
         self.reactor.remove_reader(self.detector)
         self.detector.close()
         self.master.close()
         self.executors.close()
-        self.http.close()
         self._launch_pool.shutdown(wait=True)
         self._containers_pool.shutdown(wait=True)
         self.reactor.remove_reader(self._results)
@@ -483,7 +451,7 @@ class AgentShell:
         self._launched.close()
         self.launcher.close()
         self.update_log.close()
-        self.ctx.destroy(linger=0)
+        super().close(linger_ms)
 
 
 __all__ = ["AgentConfig", "AgentShell", "detect_resources", "parse_attributes"]

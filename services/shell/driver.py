@@ -79,6 +79,10 @@ class CoreDriver:
             span.add_event(notice.kind, {"message": notice.message, **facts})
 
     # -- the timer ------------------------------------------------------------------------
+    def rearm(self) -> None:
+        """Re-read the core's next deadline (after a change made outside step())."""
+        self._rearm()
+
     def _rearm(self) -> None:
         deadline = self.core.next_deadline() if self.core is not None else None
         if deadline == self._deadline and self._timer is not None:

@@ -9,7 +9,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from services.bus.stats import Stats
@@ -97,21 +97,30 @@ class Metrics:
     def labelled_gauge(self, name: str, help_text: str, label: str,
                        values: Callable[[], dict[str, float]]) -> None:
         """A gauge with one label whose values are read at scrape time."""
-        self.registry.register(_LabelledGauge(self.prefix + name, help_text, label, values))
+        self.registry.register(_Labelled(self.prefix + name, help_text, label, values, "gauge"))
+
+    def labelled_counter(self, name: str, help_text: str, label: str,
+                         values: Callable[[], dict[str, float]]) -> None:
+        """A counter (`<name>_total`) with one label whose values are read at scrape time."""
+        self.registry.register(_Labelled(self.prefix + name, help_text, label, values,
+                                         "counter"))
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
 
 
-class _LabelledGauge(Collector):
+class _Labelled(Collector):
     def __init__(self, name: str, help_text: str, label: str,
-                 values: Callable[[], dict[str, float]]) -> None:
+                 values: Callable[[], dict[str, float]], kind: str) -> None:
         self.name, self.help, self.label, self.values = name, help_text, label, values
+        self.kind = kind
 
     def collect(self) -> Iterator[Metric]:
-        from prometheus_client.core import GaugeMetricFamily
-
-        family = GaugeMetricFamily(self.name, self.help, labels=[self.label])
+        family: Metric
+        if self.kind == "counter":
+            family = CounterMetricFamily(self.name, self.help, labels=[self.label])
+        else:
+            family = GaugeMetricFamily(self.name, self.help, labels=[self.label])
         for key, value in sorted(self.values().items()):
             family.add_metric([key], value)
         yield family

@@ -54,10 +54,12 @@ def serve(shell: Service) -> int:
 
 
 def main(service: str, options: Sequence[Option], build: Callable[[dict[str, Any]], Service],
-         argv: Sequence[str] | None = None, description: str | None = None) -> int:
+         argv: Sequence[str] | None = None, description: str | None = None,
+         trace_attributes: Callable[[Any], dict[str, str]] | None = None) -> int:
     """The one `main()` of every service: options from flags, `OFFERBUS_*` and a TOML file
-    (checked: exit 2 with a clear line on a bad value), logging, tracing, then serve the
-    shell `build(values)` makes until SIGTERM/SIGINT."""
+    (checked: exit 2 with a clear line on a bad value), logging, the shell `build(values)`
+    makes (a ValueError there is a bad value too), tracing (resource attributes from
+    `trace_attributes(shell)`, else the id), then serve until SIGTERM/SIGINT."""
     from services import telemetry
 
     try:
@@ -67,8 +69,14 @@ def main(service: str, options: Sequence[Option], build: Callable[[dict[str, Any
         print(f"offerbus-{service}: {exc}", file=sys.stderr)
         return 2
     setup(service, values["log_level"])
-    telemetry.setup(f"offerbus-{service}", id=str(values.get("id") or ""))
     try:
-        return serve(build(values))
+        shell = build(values)
+    except ValueError as exc:
+        print(f"offerbus-{service}: {exc}", file=sys.stderr)
+        return 2
+    attributes = trace_attributes(shell) if trace_attributes else {"id": str(values["id"])}
+    telemetry.setup(f"offerbus-{service}", batch=True, **attributes)
+    try:
+        return serve(shell)
     finally:
         telemetry.shutdown()  # flush the last spans

@@ -286,7 +286,8 @@ def test_restart_removes_only_this_clusters_orphans_and_refuses_another_cluster(
     assert "ERROR" in line and other in line and cluster in line
     http = re.findall(r"agent started .* http=(\S+)", agent.log())[-1]
     with urllib.request.urlopen(f"{http}/metrics", timeout=5) as r:
-        assert 'offerbus_agent_notices_total{kind="cluster_mismatch"} 1' in r.read().decode()
+        assert 'offerbus_agent_notices_total{kind="cluster_mismatch",level="error"} 1.0' \
+            in r.read().decode()
     with urllib.request.urlopen(f"{http}/health", timeout=5) as r:
         assert json.loads(r.read())["registration"] == "refused"
     assert (agent.work_dir / "cluster_id").read_text().strip() == cluster
