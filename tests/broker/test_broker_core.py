@@ -13,22 +13,22 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from schemas import common_pb2, internal_pb2
-from services.broker.core import (
+from services.broker.commands import (
     AcceptRejected,
-    Anomaly,
-    BrokerCore,
     Command,
-    IllegalTransition,
+    Decision,
     LaunchRequest,
     Offer,
-    OfferState,
     RecoverResources,
     Recovery,
     Rescind,
     SendOffers,
     coalesce,
-    refuse_seconds,
 )
+from services.broker.core import BrokerCore
+from services.broker.table import IllegalTransition, OfferState
+from services.broker.validation import refuse_seconds
+from services.notice import Notice
 from services.resources import Resources
 
 RR = common_pb2.RescindReason
@@ -64,16 +64,23 @@ def filters(refuse: float | None) -> common_pb2.Filters:
     return common_pb2.Filters() if refuse is None else common_pb2.Filters(refuse_seconds=refuse)
 
 
-def only(cmds: list[Command], cls: type[Any]) -> list[Any]:
-    return [c for c in cmds if isinstance(c, cls)]
+Out = list[Command] | Decision
 
 
-def recoveries(cmds: list[Command]) -> list[Recovery]:
-    return [r for c in only(cmds, RecoverResources) for r in c.recoveries]
+def commands(out: Out) -> list[Command]:
+    return out.commands if isinstance(out, Decision) else out
 
 
-def offer_ids(cmds: list[Command]) -> list[str]:
-    return [o.offer_id for c in only(cmds, SendOffers) for o in c.offers]
+def only(out: Out, cls: type[Any]) -> list[Any]:
+    return [c for c in commands(out) if isinstance(c, cls)]
+
+
+def recoveries(out: Out) -> list[Recovery]:
+    return [r for c in only(out, RecoverResources) for r in c.recoveries]
+
+
+def offer_ids(out: Out) -> list[str]:
+    return [o.offer_id for c in only(out, SendOffers) for o in c.offers]
 
 
 def make(n: int = 1, fw: str = "f1", agent: str = "a1", timeout: float | None = 30.0,
@@ -84,7 +91,7 @@ def make(n: int = 1, fw: str = "f1", agent: str = "a1", timeout: float | None = 
     return core, offer_ids(cmds)
 
 
-def rejected(cmds: list[Command]) -> AcceptRejected:
+def rejected(cmds: Out) -> AcceptRejected:
     (rej,) = only(cmds, AcceptRejected)
     assert not only(cmds, LaunchRequest)
     return rej
@@ -132,7 +139,7 @@ def test_allocation_beyond_agent_total_is_handed_back() -> None:
     assert len(offer_ids(cmds)) == 1
     (rec,) = recoveries(cmds)
     assert rec.allocation_id == "y" and rec.reason == RC.RECOVER_REASON_RESCINDED
-    assert only(cmds, Anomaly)[0].kind == "allocation_over_total"
+    assert only(cmds, Notice)[0].kind == "allocation_over_total"
     core.validate()
 
 
@@ -147,7 +154,7 @@ def test_duplicate_and_empty_allocations_are_dropped() -> None:
     core, _ = make()
     cmds = core.allocations([alloc("al0"), internal_pb2.Allocation(
         allocation_id="e", framework_id="f1", agent_id="a1")], T0)
-    assert [a.kind for a in only(cmds, Anomaly)] == ["allocation_dropped"] * 2
+    assert [a.kind for a in only(cmds, Notice)] == ["allocation_dropped"] * 2
     assert not offer_ids(cmds) and not recoveries(cmds)
 
 
@@ -325,7 +332,7 @@ def test_decline_recovers_under_the_filter(given: float | None, expected: float)
 def test_decline_of_foreign_or_unknown_offers_is_ignored() -> None:
     core, (oid,) = make()
     cmds = core.decline("f2", [oid, "nope"], None, T0)
-    assert not recoveries(cmds) and len(only(cmds, Anomaly)) == 2
+    assert not recoveries(cmds) and len(only(cmds, Notice)) == 2
     assert core.state(oid) is OfferState.OFFERED
 
 
@@ -357,7 +364,7 @@ def test_launch_refused_by_the_master() -> None:
     assert rec.resources == Resources.of(cpus=1, mem=100)
     assert core.state(oid) is OfferState.LAUNCH_FAILED
     again = core.launch_result(req.request_id, accepted=True)
-    assert [type(c) for c in again] == [Anomaly]
+    assert [type(c) for c in again] == [Notice]
     core.validate()
 
 
@@ -404,7 +411,7 @@ def test_rescind_all_empties_the_table_without_recovery() -> None:
     assert not recoveries(cmds)
     assert not core.outstanding_offers() and not core.pending_launches
     assert core.state(ids[0]) is OfferState.ABANDONED
-    assert only(core.launch_result(req.request_id, True), Anomaly)
+    assert only(core.launch_result(req.request_id, True), Notice)
     core.validate()
 
 
@@ -422,7 +429,7 @@ def test_coalesce_batches_a_drain_and_hides_offers_rescinded_within_it() -> None
     cmds = core.allocations([alloc("x", "f1"), alloc("y", "f2")], T0)
     cmds += core.allocations([alloc("z", "f1", "a2")], T0)
     cmds += core.agent_removed("a2", T0)
-    cmds += core.decline("f2", offer_ids(cmds)[1:2], None, T0)
+    cmds += core.decline("f2", offer_ids(cmds)[1:2], None, T0).commands
     out = coalesce(cmds)
     sends = only(out, SendOffers)
     assert [(s.framework_id, [o.offer_id for o in s.offers]) for s in sends] == [
@@ -505,7 +512,8 @@ class BrokerMachine(RuleBasedStateMachine):
             self.agents.add(a)
 
     # -- the model, driven by the core's commands --------------------------------------
-    def run(self, cmds: list[Command]) -> list[Command]:
+    def run(self, out: Out) -> list[Command]:
+        cmds = commands(out)
         recovered_ids = {r.offer_id for r in recoveries(cmds)}
         for c in cmds:
             if isinstance(c, LaunchRequest):
