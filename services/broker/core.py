@@ -197,8 +197,8 @@ class BrokerCore:
     # -- events: the allocator ---------------------------------------------------------
     def allocator_seen(self, epoch: int, now: float) -> list[Command]:
         """A message from the allocator leader of `epoch`. A newer one counts every
-        resource free: rescind what the old one allocated, without Recovery (the new one
-        never counted it). Pending launches stay."""
+        resource free: rescind what the old one allocated and drop what of it is held,
+        without Recovery (the new one never counted it). Pending launches stay."""
         out = self._due(now)
         if epoch <= self.allocator_epoch:
             return out
@@ -206,10 +206,12 @@ class BrokerCore:
         ids = sorted(self.table.offered_ids())
         out += self._rescind(ids, RescindReason.RESCIND_REASON_RECLAIMED,
                              "a new allocator leads; offers are made afresh", recover=False)
+        dropped, self._held = len(self._held), []  # the old one's, waiting for the stream
         if old:
             out.append(Notice.of("allocator_failover", f"allocator epoch {old} -> {epoch}: "
-                                 f"{len(ids)} offers rescinded", old_epoch=old, epoch=epoch,
-                                 rescinded=len(ids)))
+                                 f"{len(ids)} offers rescinded, {dropped} held allocations "
+                                 "dropped", old_epoch=old, epoch=epoch, rescinded=len(ids),
+                                 dropped=dropped))
         return coalesce(out)
 
     def allocations(self, allocations: Iterable[internal_pb2.Allocation],
