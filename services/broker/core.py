@@ -176,10 +176,28 @@ class BrokerCore:
         self._launches.tasks_seen(change.tasks)
         self._synced = True
         if self._held:
-            held, self._held = self._held, []
-            out += self._offer_all(held, now)
+            gone = {fid for fid, _ in change.frameworks_gone}
+            if reset:
+                gone |= {a.framework_id for a in self._held} - change.frameworks_present
+            out += self._release(gone, now)
         out += self._resolve_launches(now)
         return coalesce(out)
+
+    def _release(self, gone: set[str], now: float) -> list[Command]:
+        """Offer the held allocations, but those of agents no longer on the stream (the
+        allocator forgets them with the agent: no Recovery) or of frameworks gone (handed
+        back, as their offers would have been)."""
+        out: list[Command] = []
+        held, self._held = self._held, []
+        for a in held:
+            if a.agent_id not in self._agents:
+                out.append(_dropped(a, f"{_what(a)}: the agent left while it was held"))
+            elif a.framework_id in gone:
+                out += self._hand_back(a, _dropped(a, f"{_what(a)}: the framework left "
+                                                      "while it was held"))
+            else:
+                out += self._allocation(a, now)
+        return out
 
     def master_changed(self, epoch: int | None, now: float) -> list[Command]:
         """Another master leads (None: none is known). Launches sent to the old one will

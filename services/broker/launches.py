@@ -58,7 +58,7 @@ class LaunchTracker:
     timeout: float | None = 60.0  # None or 0: a launch never goes silent by time
     master_epoch: int | None = None  # the leading master, as last told
     _launches: dict[str, _Tracked] = field(default_factory=dict)
-    _by_task: dict[tuple[str, str], str] = field(default_factory=dict)  # unseen task -> rid
+    _by_task: dict[tuple[str, str], set[str]] = field(default_factory=dict)  # unseen -> rids
     _deadlines: list[tuple[float, str]] = field(default_factory=list)  # heap, lazy deletion
     _orphans: set[str] = field(default_factory=set)  # sent to a master that no longer leads
 
@@ -86,7 +86,7 @@ class LaunchTracker:
         tracked = _Tracked(launch, self._from(now), set(launch.task_ids))
         self._launches[launch.request_id] = tracked
         for tid in tracked.unseen:
-            self._by_task[(launch.framework_id, tid)] = launch.request_id
+            self._by_task.setdefault((launch.framework_id, tid), set()).add(launch.request_id)
         self._push(tracked)
         return launch
 
@@ -96,7 +96,7 @@ class LaunchTracker:
         if t is None:
             return None
         for tid in t.unseen:
-            self._by_task.pop((t.launch.framework_id, tid), None)
+            self._unindex((t.launch.framework_id, tid), request_id)
         self._orphans.discard(request_id)
         return t.launch
 
@@ -125,8 +125,7 @@ class LaunchTracker:
     def tasks_seen(self, keys: Iterable[tuple[str, str]]) -> None:
         """These (framework id, task id) are on the state stream."""
         for key in keys:
-            rid = self._by_task.pop(key, None)
-            if rid is not None:
+            for rid in self._by_task.pop(key, ()):
                 self._launches[rid].unseen.discard(key[1])
 
     def resolve(self, now: float) -> list[tuple[PendingLaunch, Outcome]]:
@@ -158,14 +157,23 @@ class LaunchTracker:
     def _from(self, now: float) -> float:
         return now + self.timeout if self.timeout else math.inf
 
+    def _unindex(self, key: tuple[str, str], request_id: str) -> None:
+        rids = self._by_task.get(key)
+        if rids is not None:
+            rids.discard(request_id)
+            if not rids:
+                del self._by_task[key]
+
     def _push(self, t: _Tracked) -> None:
         if not math.isinf(t.deadline):
             heapq.heappush(self._deadlines, (t.deadline, t.launch.request_id))
 
     def validate(self) -> None:
         """Invariants, checked after every step in tests."""
-        index = {(t.launch.framework_id, tid): rid
-                 for rid, t in self._launches.items() for tid in t.unseen}
+        index: dict[tuple[str, str], set[str]] = {}
+        for rid, t in self._launches.items():
+            for tid in t.unseen:
+                index.setdefault((t.launch.framework_id, tid), set()).add(rid)
         assert index == self._by_task, "the unseen-task index drifted"
         for rid, t in self._launches.items():
             assert rid == t.launch.request_id

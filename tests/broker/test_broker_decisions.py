@@ -224,7 +224,8 @@ def test_allocations_wait_for_the_stream_then_name_what_it_says() -> None:
     assert not only(cmds, SendOffers) and not recoveries(cmds)
     assert notices(cmds, "allocations_held") and core.held == 2
     core.validate()
-    cmds = core.stream_changed([agent_entry("a1", "h1", rack="r9")], T0 + 1, reset=True)
+    cmds = core.stream_changed([agent_entry("a1", "h1", rack="r9"), framework_entry("f1"),
+                                framework_entry("f2")], T0 + 1, reset=True)
     offers = [o for c in only(cmds, SendOffers) for o in c.offers]
     assert [o.allocation_id for o in offers] == ["x", "y"]
     assert {o.hostname for o in offers} == {"h1"} and offers[0].created_at == T0 + 1
@@ -328,3 +329,25 @@ def test_rescind_all_forgets_tracked_launches_and_held_allocations() -> None:
     assert not core.pending_launches and core.held == 0 and core.next_deadline() is None
     core.validate()
 
+
+
+def test_held_allocations_of_agents_or_frameworks_gone_meanwhile_are_not_offered() -> None:
+    """Found by the state machine: the stream that releases held allocations may also say
+    their agent or framework is gone; offering them would offer what nobody has."""
+    core = BrokerCore(prefix="e7")
+    core.stream_changed([agent_entry("a1"), agent_entry("a2"), framework_entry("f1"),
+                         framework_entry("f2")], T0, reset=True)
+    core.allocations([alloc("x", "f1", "a1"), alloc("y", "f2", "a2"), alloc("z", "f1", "a2")],
+                     T0, synced=False)
+    cmds = core.stream_changed([deleted("agents/a1"), framework_entry("f2", connected=False)],
+                               T0)
+    offers = [o for c in only(cmds, SendOffers) for o in c.offers]
+    assert [o.allocation_id for o in offers] == ["z"]
+    (rec,) = recoveries(cmds)  # f2's is handed back; a1's is forgotten with a1
+    assert rec.allocation_id == "y" and rec.reason == RC.RECOVER_REASON_RESCINDED
+    assert len(notices(cmds, "allocation_dropped")) == 2
+    core.allocations([alloc("w", "f1", "a2", cpus=1, mem=1)], T0, synced=False)
+    cmds = core.stream_changed([agent_entry("a2")], T0, reset=True)  # f1 absent: gone
+    assert not only(cmds, SendOffers)
+    assert {r.allocation_id for r in recoveries(cmds)} >= {"w"}
+    core.validate()
