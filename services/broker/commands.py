@@ -152,9 +152,11 @@ class Verdict:
 
     valid: bool
     failed_check: str = ""  # "offer_unknown", "resources_exceeded", "offer_not_outstanding", ...
-    reason: str = ""
+    reason: str = ""  # what failed; for a valid DECLINE, the framework's own reason
     request_id: str = ""
     used: tuple[str, ...] = ()
+    task_ids: tuple[str, ...] = ()  # an ACCEPT's tasks
+    refuse_seconds: float | None = None  # the filter a DECLINE installs
 
 
 Command = SendOffers | Rescind | AcceptRejected | LaunchRequest | RecoverResources | Notice

@@ -346,7 +346,8 @@ class BrokerCore:
                                      offer_id=oid, allocation_id=o.allocation_id))
             out.append(RecoverResources(tuple(recs)))
             return Decision(coalesce(out), Verdict(
-                False, failed_check(bad.reason), bad.message, used=tuple(mine)))
+                False, failed_check(bad.reason), bad.message, used=tuple(mine),
+                task_ids=task_ids(operations)))
         first = offers[0]
         rid = ""
         if operations:
@@ -368,7 +369,8 @@ class BrokerCore:
                          RecoverReason.RECOVER_REASON_UNUSED, refuse_seconds(filters),
                          o.offer_id, o.allocation_id)
                 for o in (self._move(oid, OfferState.ACCEPTED) for oid in mine))))
-        return Decision(coalesce(out), Verdict(True, request_id=rid, used=tuple(mine)))
+        return Decision(coalesce(out), Verdict(True, request_id=rid, used=tuple(mine),
+                                               task_ids=task_ids(operations)))
 
     def decline(self, framework_id: str, offer_ids: Sequence[str],
                 filters: common_pb2.Filters | None, now: float,
@@ -392,8 +394,8 @@ class BrokerCore:
                                  o.allocation_id))
         out.append(RecoverResources(tuple(recs)))
         used = tuple(r.offer_id for r in recs)
-        verdict = Verdict(False, "offer_not_outstanding", "; ".join(ignored), used=used) \
-            if ignored else Verdict(True, used=used)
+        verdict = Verdict(not ignored, "offer_not_outstanding" if ignored else "",
+                          "; ".join(ignored) or reason, used=used, refuse_seconds=refuse)
         return Decision(coalesce(out), verdict)
 
     # -- events: time and the master ---------------------------------------------------

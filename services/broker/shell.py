@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import zmq
-from opentelemetry import trace
-from opentelemetry.trace import Span, Status, StatusCode
+from opentelemetry.trace import Span
 
 from schemas import common_pb2, internal_pb2
 from services.broker.commands import (
@@ -26,11 +24,10 @@ from services.broker.commands import (
     RecoverResources,
     Rescind,
     SendOffers,
-    Verdict,
     coalesce,
 )
 from services.broker.core import DEFAULT_LAUNCH_TIMEOUT_S, DEFAULT_OFFER_TIMEOUT_S, BrokerCore
-from services.broker.validation import refuse_seconds
+from services.broker.tracing import BrokerTraces
 from services.bus import codec
 from services.bus.election import LeaderChanged, LeaderInfo, detector_from_url
 from services.bus.epoch import EpochFence
@@ -43,11 +40,8 @@ from services.bus.stream_core import Changed
 from services.notice import Notice
 from services.shell.http import Response, StatusServer, text_response
 from services.shell.leader import LeaderLifecycle
-from services.telemetry import extract, span_traceparent, spans
 
 log = get_logger("broker")
-# A proxy until services.telemetry.setup() installs the provider (see the allocator).
-tracer = trace.get_tracer("offerbus.broker")
 
 Role = codec.Role
 MASTER = Role.Value("ROLE_MASTER")
@@ -96,10 +90,7 @@ class BrokerShell:
         self.subscriber: StateSubscriber | None = None
         self.allocator_peer: bytes | None = None
         self._commands: list[Command] = []  # gathered over one reactor wake-up
-        # Tracing: each outstanding offer's span (for its rescind and a validate without a
-        # parent), and each LaunchRequest's validate span (the master's launch continues it).
-        self._offer_tps: dict[str, str] = {}
-        self._launch_tps: dict[str, str] = {}
+        self.traces = BrokerTraces()
         self._tick: Timer | None = None
         self._tick_at: float | None = None  # the core deadline the timer is armed for
         self.leaderships = 0
@@ -119,8 +110,7 @@ class BrokerShell:
         self.core = BrokerCore(prefix=str(epoch), offer_timeout=self.config.offer_timeout or None,
                                launch_timeout=self.config.launch_timeout or None)
         self.allocator_peer = None
-        self._offer_tps.clear()
-        self._launch_tps.clear()
+        self.traces.clear()
         self.to_master = DealerClient(
             self.reactor, self.ctx, self.sender, self._on_master_message,
             on_connected=self._on_master_connected, heartbeat=self.beat, stats=self.stats,
@@ -166,21 +156,10 @@ class BrokerShell:
                 self._commands.append(c)
 
     def _notice(self, n: Notice, span: Span | None) -> None:
-        """To the log, a counter, and the span open for the step; a Notice about an
-        allocation whose offer was never made gets that `offer` span, failed."""
-        facts = n.fields()
+        """To the log, a counter, and the span open for the step (see tracing.py)."""
         self.stats.inc(f"notices{{kind={n.kind}}}")
-        getattr(log, n.level)(n.kind, message=n.message, **facts)
-        parent = str(facts.pop("allocation_traceparent", ""))
-        if span is not None:
-            span.add_event(n.kind, {"message": n.message, **facts})
-        elif "allocation_id" in facts:
-            failed = tracer.start_span(spans.OFFER, context=extract(parent), attributes={
-                spans.ALLOCATION_ID: str(facts["allocation_id"]),
-                spans.FRAMEWORK_ID: str(facts.get("framework_id", "")),
-                spans.AGENT_ID: str(facts.get("agent_id", "")), spans.REASON: n.message})
-            failed.set_status(Status(StatusCode.ERROR, n.message))
-            failed.end()
+        getattr(log, n.level)(n.kind, message=n.message, **n.fields())
+        self.traces.notice(n, span)
 
     def _arm(self) -> None:
         """The one timer, at the core's next deadline (re-armed only when it moved)."""
@@ -256,28 +235,17 @@ class BrokerShell:
                         traceparent: str = "") -> None:
         call, fid = fc.call, fc.framework_id
         which = call.WhichOneof("call")
-        if which == "accept":
-            a = call.accept
-            self.stats.inc("accepts")
-            span = self._validate_span(fid, a.offer_ids, "accept", traceparent)
-            task_ids = [t.task_id for op in a.operations
-                        if op.WhichOneof("operation") == "launch" for t in op.launch.tasks]
-            span.set_attribute(spans.TASK_IDS, task_ids)
-            decision = core.accept(fid, a.offer_ids, a.operations,
-                                   a.filters if a.HasField("filters") else None, now)
+        if which in ("accept", "decline"):
+            self.stats.inc(f"{which}s")
+            body = call.accept if which == "accept" else call.decline
+            filters = body.filters if body.HasField("filters") else None
+            span = self.traces.validate_span(fid, body.offer_ids, which, traceparent)
+            decision = (core.accept(fid, call.accept.offer_ids, call.accept.operations,
+                                    filters, now) if which == "accept" else
+                        core.decline(fid, call.decline.offer_ids, filters, now,
+                                     call.decline.reason))
             self._step(decision.commands, span)
-            self._end_validate(span, decision.verdict)
-        elif which == "decline":
-            d = call.decline
-            self.stats.inc("declines")
-            filters = d.filters if d.HasField("filters") else None
-            span = self._validate_span(fid, d.offer_ids, "decline", traceparent)
-            span.set_attribute(spans.REFUSE_SECONDS, refuse_seconds(filters))
-            if d.reason:
-                span.set_attribute(spans.REASON, d.reason)
-            decision = core.decline(fid, d.offer_ids, filters, now, d.reason)
-            self._step(decision.commands, span)
-            self._end_validate(span, decision.verdict)
+            self.traces.end_validate(span, decision.verdict)
         elif which in ("revive", "suppress"):  # tolerated: relayed as the internal kinds
             roles = call.revive.roles if which == "revive" else call.suppress.roles
             msg = internal_pb2.InternalMessage()
@@ -286,31 +254,6 @@ class BrokerShell:
             self._send_allocator(msg)
         else:
             self.stats.inc(f"calls_ignored{{kind={which}}}")
-
-    def _validate_span(self, framework_id: str, offer_ids: Sequence[str], decision: str,
-                       traceparent: str) -> Span:
-        """A framework's ACCEPT/DECLINE, under its decide span (the envelope's traceparent)
-        or, when it sent none, under the first named offer's span."""
-        parent = extract(traceparent) or next(
-            (ctx for ctx in (extract(self._offer_tps.get(i, "")) for i in offer_ids) if ctx),
-            None)
-        return tracer.start_span(spans.VALIDATE, context=parent, attributes={
-            spans.FRAMEWORK_ID: framework_id, spans.OFFER_IDS: list(offer_ids),
-            spans.DECISION: decision})
-
-    def _end_validate(self, span: Span, verdict: Verdict) -> None:
-        """The core's verdict onto the span; its LaunchRequest will continue the span."""
-        span.set_attribute(spans.VALID, verdict.valid)
-        if not verdict.valid:
-            span.set_attributes({spans.FAILED_CHECK: verdict.failed_check,
-                                 spans.REASON: verdict.reason})
-            if verdict.failed_check != "offer_not_outstanding":  # a decline of a dead offer
-                span.set_status(Status(StatusCode.ERROR, verdict.reason))
-        if verdict.request_id:
-            self._launch_tps[verdict.request_id] = span_traceparent(span)
-        span.end()
-        for oid in verdict.used:  # used up: their spans are no longer needed
-            self._offer_tps.pop(oid, None)
 
     # -- the allocator -------------------------------------------------------------------
     def _on_allocator(self, peer: bytes, env: codec.Envelope) -> None:
@@ -353,8 +296,7 @@ class BrokerShell:
         self._arm()
         if not self._commands:
             return
-        self._trace_offers(self._commands)  # before coalesce hides offers never shown
-        self._trace_rescinds(self._commands)
+        self.traces.commands(self._commands)  # before coalesce hides offers never shown
         cmds, self._commands = coalesce(self._commands), []
         for cmd in cmds:
             if isinstance(cmd, Notice):  # _step told them already
@@ -367,7 +309,7 @@ class BrokerShell:
             if isinstance(cmd, SendOffers):
                 self.stats.inc("offers_made", len(cmd.offers))
                 cmd = dataclasses.replace(cmd, offers=tuple(  # each names its offer span
-                    dataclasses.replace(o, traceparent=self._offer_tps.get(o.offer_id, ""))
+                    dataclasses.replace(o, traceparent=self.traces.offers.get(o.offer_id, ""))
                     for o in cmd.offers))
                 traceparent = cmd.offers[0].traceparent
             elif isinstance(cmd, Rescind):
@@ -377,40 +319,10 @@ class BrokerShell:
             elif isinstance(cmd, LaunchRequest):  # continues its validate span
                 self.stats.inc("offers_accepted", len(cmd.offer_ids))
                 self.stats.inc("launch_requests")
-                traceparent = self._launch_tps.pop(cmd.request_id, "")
+                traceparent = self.traces.launches.pop(cmd.request_id, "")
             else:
                 self.stats.inc("accepts_rejected")
             self._send_master(cmd.to_proto(), traceparent)
-
-    def _trace_offers(self, cmds: Sequence[Command]) -> None:
-        """An `offer` span per offer made, child of its allocation's span: the offer sent
-        to the framework names it, so the framework's decision continues this trace."""
-        for cmd in cmds:
-            if not isinstance(cmd, SendOffers):
-                continue
-            for o in cmd.offers:
-                span = tracer.start_span(spans.OFFER, context=extract(o.traceparent),
-                                         attributes={
-                    spans.ALLOCATION_ID: o.allocation_id, spans.FRAMEWORK_ID: o.framework_id,
-                    spans.AGENT_ID: o.agent_id, spans.OFFER_ID: o.offer_id,
-                    spans.HOSTNAME: o.hostname, spans.RESOURCES: str(o.resources),
-                    spans.EXPIRES_AT_US: 0 if math.isinf(o.expires_at)
-                    else int(o.expires_at * 1e6)})
-                self._offer_tps[o.offer_id] = span_traceparent(span)
-                span.end()
-
-    def _trace_rescinds(self, cmds: Sequence[Command]) -> None:
-        """A `rescind` span under each rescinded (or expired) offer's span."""
-        for cmd in cmds:
-            if not isinstance(cmd, Rescind):
-                continue
-            why = RescindReason.Name(cmd.reason)  # type: ignore[arg-type]
-            why = why.removeprefix("RESCIND_REASON_").lower()
-            for oid in cmd.offer_ids:
-                tp = self._offer_tps.pop(oid, "")
-                tracer.start_span(spans.RESCIND, context=extract(tp), attributes={
-                    spans.OFFER_ID: oid, spans.FRAMEWORK_ID: cmd.framework_id,
-                    spans.REASON: f"{why}: {cmd.message}" if cmd.message else why}).end()
 
     def _count_recoveries(self, cmd: RecoverResources) -> None:
         for r in cmd.recoveries:
