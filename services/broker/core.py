@@ -512,8 +512,7 @@ class BrokerCore:
         and set items must not overlap even when the total is unknown."""
         held = self.outstanding(agent_id)
         if pending:
-            held += Resources.total(p.resources for p in self._launches.pending().values()
-                                    if p.agent_id == agent_id)
+            held += self._launches.held_on(agent_id)
         if overlap(held, extra):
             return False  # the same port (or set item) offered twice: `+` would hide it
         agent = self._agents.get(agent_id)

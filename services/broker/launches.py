@@ -65,15 +65,13 @@ class LaunchTracker:
     def __len__(self) -> int:
         return len(self._launches)
 
-    def __contains__(self, request_id: object) -> bool:
-        return request_id in self._launches
-
     def pending(self) -> dict[str, PendingLaunch]:
         return {rid: t.launch for rid, t in self._launches.items()}
 
-    def get(self, request_id: str) -> PendingLaunch | None:
-        t = self._launches.get(request_id)
-        return None if t is None else t.launch
+    def held_on(self, agent_id: str) -> Resources:
+        """What the launches in flight on this agent use."""
+        return Resources.total(t.launch.resources for t in self._launches.values()
+                               if t.launch.agent_id == agent_id)
 
     def deadline(self, request_id: str) -> float | None:
         t = self._launches.get(request_id)
