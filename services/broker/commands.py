@@ -19,6 +19,7 @@ from services.resources import Resources
 
 Recover = internal_pb2.InternalMessage.RecoverResources
 
+
 @dataclass(frozen=True)
 class Offer:
     offer_id: str
@@ -99,7 +100,8 @@ class AcceptRejected:
 
 @dataclass(frozen=True)
 class LaunchRequest:
-    """To the master: a validated ACCEPT. `traceparents` are the offers', for span links."""
+    """To the master: a validated ACCEPT. `traceparents` are its offers' (their allocations'
+    trace contexts), for span links; the envelope carries the validate span's."""
 
     request_id: str
     framework_id: str
