@@ -9,12 +9,10 @@ re-armed from `core.next_deadline()` after every wake-up (offer expiry, launch d
 from __future__ import annotations
 
 import dataclasses
-import json
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-import zmq
 from opentelemetry.trace import Span
 
 from schemas import common_pb2, internal_pb2
@@ -32,14 +30,12 @@ from services.bus import codec
 from services.bus.election import LeaderChanged, LeaderInfo, detector_from_url
 from services.bus.epoch import EpochFence
 from services.bus.log import get_logger
-from services.bus.peer import DealerClient, HeartbeatConfig, RouterServer, Sender
-from services.bus.reactor import Reactor, Timer
+from services.bus.peer import DealerClient, RouterServer
+from services.bus.reactor import Reactor
 from services.bus.statestream import StateSubscriber
-from services.bus.stats import Stats
 from services.bus.stream_core import Changed
 from services.notice import Notice
-from services.shell.http import Response, StatusServer, text_response
-from services.shell.leader import LeaderLifecycle
+from services.shell.service import ServiceKit
 
 log = get_logger("broker")
 
@@ -49,6 +45,7 @@ ALLOCATOR = Role.Value("ROLE_ALLOCATOR")
 Reason = internal_pb2.InternalMessage.RecoverResources.Reason
 RescindReason = common_pb2.RescindReason
 LINGER_S = 0.5  # how long the last rescinds may take to leave on stepping down
+MAX_TIMED_OFFERS = 100_000  # offers awaiting an answer for the round-trip histogram
 
 
 @dataclass
@@ -62,25 +59,22 @@ class BrokerConfig:
     launch_timeout: float = DEFAULT_LAUNCH_TIMEOUT_S  # see services/broker/launches.py
     heartbeat_interval: float = 1.0
     max_missed: int = 5
-    tick_interval: float = 0.25  # unused: the timer follows the core's next deadline
 
 
-class BrokerShell:
+class BrokerShell(ServiceKit):
     def __init__(self, config: BrokerConfig, reactor: Reactor | None = None) -> None:
+        super().__init__("broker", config.broker_id, Role.Value("ROLE_BROKER"),
+                         host=config.host, http_port=config.http_port,
+                         heartbeat_interval=config.heartbeat_interval,
+                         max_missed=config.max_missed, reactor=reactor)
         self.config = config
-        self.reactor = reactor or Reactor()
-        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        self.stats = Stats()
-        self.sender = Sender(config.broker_id, Role.Value("ROLE_BROKER"))
-        self.beat = HeartbeatConfig(config.heartbeat_interval, config.max_missed)
         self.allocator_fence = EpochFence(frozenset({ALLOCATOR}))
         self.router = RouterServer(
             self.reactor, self.ctx, f"tcp://{config.host}:{config.port or '*'}", self.sender,
             self._on_allocator, heartbeat=self.beat, stats=self.stats,
             fence=self.allocator_fence, name="allocators")
-        self.http = StatusServer(self.reactor, config.host, config.http_port, {
-            "/health": self._http_health, "/metrics": self._http_metrics})
-        self.endpoints = {"router": self.router.endpoint, "http": self.http.url}
+        self.endpoints["router"] = self.router.endpoint
+        self.start_http()
         self.master: LeaderInfo | None = None
         self.masters = detector_from_url(config.election_url, "master")
         self.master_fence = EpochFence(frozenset({MASTER}))
@@ -90,27 +84,25 @@ class BrokerShell:
         self.subscriber: StateSubscriber | None = None
         self.allocator_peer: bytes | None = None
         self._commands: list[Command] = []  # gathered over one reactor wake-up
+        self._offered_at: dict[str, float] = {}  # offer id -> sent, for the round trip
         self.traces = BrokerTraces()
-        self._tick: Timer | None = None
-        self._tick_at: float | None = None  # the core deadline the timer is armed for
-        self.leaderships = 0
+        # The driver's one timer fires core.tick(); its commands wait for the flush too.
+        self.driver.on(object, lambda c: self._commands.append(c))
+        self._register_metrics()
         self.reactor.on_idle(self._flush)
         self.reactor.add_reader(self.masters, self._on_master)
         self.masters.start()
-        self.leader = LeaderLifecycle(self.reactor, config.election_url, "broker",
-                                      config.broker_id, self.endpoints,
-                                      lead=self._lead, step_down=self._step_down)
+        self.join_election(config.election_url, lead=self._lead, step_down=self._step_down)
         log.info("broker started", id=config.broker_id, **self.endpoints)
 
     # -- leadership ----------------------------------------------------------------------
     def _lead(self, epoch: int) -> None:
         """An empty offer table with ids unique to this reign ("<epoch>-o<n>")."""
-        self.sender.epoch = epoch
-        self.leaderships += 1
         self.core = BrokerCore(prefix=str(epoch), offer_timeout=self.config.offer_timeout or None,
                                launch_timeout=self.config.launch_timeout or None)
         self.allocator_peer = None
         self.traces.clear()
+        self._offered_at.clear()
         self.to_master = DealerClient(
             self.reactor, self.ctx, self.sender, self._on_master_message,
             on_connected=self._on_master_connected, heartbeat=self.beat, stats=self.stats,
@@ -119,7 +111,8 @@ class BrokerShell:
             self.reactor, self.ctx, self.sender, self._on_state,
             heartbeat_interval=self.config.heartbeat_interval, max_missed=self.config.max_missed,
             stats=self.stats)
-        self._step(self.core.master_changed(_epoch(self.master), time.time()))
+        self._step(self.core.master_changed(_epoch(self.master), self.driver.now()))
+        self.driver.attach(self.core)
         self._point_at_master()
         log.info("leading", epoch=epoch)
 
@@ -133,7 +126,7 @@ class BrokerShell:
             self._flush()
         self._commands.clear()
         self.core = None
-        self._arm()
+        self.driver.detach()
         if self.to_master is not None:
             # Give the rescinds time to leave (a close drops what is queued); on shutdown,
             # close() lingers on the context for the same reason.
@@ -156,26 +149,9 @@ class BrokerShell:
                 self._commands.append(c)
 
     def _notice(self, n: Notice, span: Span | None) -> None:
-        """To the log, a counter, and the span open for the step (see tracing.py)."""
-        self.stats.inc(f"notices{{kind={n.kind}}}")
-        getattr(log, n.level)(n.kind, message=n.message, **n.fields())
+        """To the log and a counter (the driver), and the span open for the step."""
+        self.driver.notice(n)
         self.traces.notice(n, span)
-
-    def _arm(self) -> None:
-        """The one timer, at the core's next deadline (re-armed only when it moved)."""
-        due = self.core.next_deadline() if self.core is not None else None
-        if due == self._tick_at and (due is None or self._tick is not None):
-            return
-        if self._tick is not None:
-            self._tick.cancel()
-        self._tick, self._tick_at = None, due
-        if due is not None:
-            self._tick = self.reactor.call_later(max(0.0, due - time.time()), self._on_tick)
-
-    def _on_tick(self) -> None:
-        self._tick = None
-        if self.core is not None:
-            self._step(self.core.tick(time.time()))
 
     # -- the master ----------------------------------------------------------------------
     def _on_master(self) -> None:
@@ -184,7 +160,7 @@ class BrokerShell:
                 self.master = event.leader
                 log.info("master leader", leader=_who(event.leader))
                 if self.core is not None:
-                    self._step(self.core.master_changed(_epoch(self.master), time.time()))
+                    self._step(self.core.master_changed(_epoch(self.master), self.driver.now()))
                 self._point_at_master()
 
     def _point_at_master(self) -> None:
@@ -216,7 +192,7 @@ class BrokerShell:
         if core is None or kind != "internal" or env.sender_role != MASTER:
             self.stats.inc("frames_dropped{reason=unexpected}")
             return
-        msg, now = env.internal, time.time()
+        msg, now = env.internal, self.driver.now()
         which = msg.WhichOneof("kind")
         if which == "framework_call":
             self._framework_call(core, msg.framework_call, now, env.traceparent)
@@ -240,6 +216,10 @@ class BrokerShell:
             body = call.accept if which == "accept" else call.decline
             filters = body.filters if body.HasField("filters") else None
             span = self.traces.validate_span(fid, body.offer_ids, which, traceparent)
+            for oid in body.offer_ids:
+                sent = self._offered_at.pop(oid, None)
+                if sent is not None:
+                    self._round_trip.labels(which).observe(now - sent)
             decision = (core.accept(fid, call.accept.offer_ids, call.accept.operations,
                                     filters, now) if which == "accept" else
                         core.decline(fid, call.decline.offer_ids, filters, now,
@@ -268,7 +248,7 @@ class BrokerShell:
         if env.sender_role != ALLOCATOR or codec.payload_kind(env) != "internal":
             self.stats.inc("frames_dropped{reason=unexpected}")
             return
-        now = time.time()
+        now = self.driver.now()
         self._step(core.allocator_seen(env.epoch, now))
         self.allocator_peer = peer  # the latest connection of the current allocator
         msg = env.internal
@@ -287,13 +267,13 @@ class BrokerShell:
         if core is None or self.subscriber is None:
             return
         entries = list(self.subscriber.store.values()) if change.reset else change.entries
-        self._step(core.stream_changed(entries, time.time(), reset=change.reset))
+        self._step(core.stream_changed(entries, self.driver.now(), reset=change.reset))
 
     # -- outbound ------------------------------------------------------------------------
     def _flush(self) -> None:
         """Once per wake-up: re-arm the timer, then send one SendOffers per framework, one
         RecoverResources, ..."""
-        self._arm()
+        self.driver.rearm()
         if not self._commands:
             return
         self.traces.commands(self._commands)  # before coalesce hides offers never shown
@@ -308,6 +288,10 @@ class BrokerShell:
             traceparent = ""
             if isinstance(cmd, SendOffers):
                 self.stats.inc("offers_made", len(cmd.offers))
+                now = self.driver.now()
+                for o in cmd.offers:
+                    if len(self._offered_at) < MAX_TIMED_OFFERS:
+                        self._offered_at[o.offer_id] = now
                 cmd = dataclasses.replace(cmd, offers=tuple(  # each names its offer span
                     dataclasses.replace(o, traceparent=self.traces.offers.get(o.offer_id, ""))
                     for o in cmd.offers))
@@ -316,6 +300,8 @@ class BrokerShell:
                 name = RescindReason.Name(cmd.reason)  # type: ignore[arg-type]
                 reason = name.removeprefix("RESCIND_REASON_").lower()
                 self.stats.inc(f"offers_rescinded{{reason={reason}}}", len(cmd.offer_ids))
+                for oid in cmd.offer_ids:
+                    self._offered_at.pop(oid, None)
             elif isinstance(cmd, LaunchRequest):  # continues its validate span
                 self.stats.inc("offers_accepted", len(cmd.offer_ids))
                 self.stats.inc("launch_requests")
@@ -347,42 +333,36 @@ class BrokerShell:
         env.internal.CopyFrom(msg)
         self.router.send(self.allocator_peer, env)
 
-    # -- HTTP ----------------------------------------------------------------------------
-    def _http_health(self, query: dict[str, list[str]]) -> Response:
-        body = {"service": "broker", "id": self.config.broker_id,
-                "leading": self.core is not None, "epoch": self.leader.epoch,
-                "master": _who(self.master),
+    # -- HTTP and metrics ----------------------------------------------------------------
+    def health(self) -> dict[str, Any]:
+        return {"master": _who(self.master),
                 "master_connected": self.to_master is not None and self.to_master.connected,
                 "synced": self.subscriber is not None and self.subscriber.synced,
-                "allocator_epoch": self.core.allocator_epoch if self.core is not None else 0,
-                "endpoints": self.endpoints}
-        return Response(200 if self.core is not None else 503, "application/json",
-                        json.dumps(body).encode())
+                "allocator_epoch": self.core.allocator_epoch if self.core is not None else 0}
 
-    def _http_metrics(self, query: dict[str, list[str]]) -> Response:
-        p = "offerbus_broker_"
-        lines = [self.stats.prometheus(p),
-                 f"{p}elected {int(self.core is not None)}\n",
-                 f"{p}epoch {self.leader.epoch or 0}\n",
-                 f"{p}leaderships_total {self.leaderships}\n"]
-        if self.core is not None:
-            lines.append(f"{p}outstanding_offers {len(self.core.outstanding_offers())}\n")
-            lines.append(f"{p}pending_launches {len(self.core.pending_launches)}\n")
-            lines.append(f"{p}held_allocations {self.core.held}\n")
-        return text_response("".join(lines))
+    def _register_metrics(self) -> None:
+        m = self.metrics
+        self._round_trip = m.histogram(
+            "offer_round_trip_seconds", "Offer round trip: an offer sent to its framework "
+            "until the framework's accept or decline reaches the broker.", ("answer",))
+        m.gauge("outstanding_offers", "Offers made and not yet answered, rescinded or expired.",
+                value=lambda: float(len(self.core.outstanding_offers())) if self.core else 0.0)
+        m.gauge("pending_launches", "Accepted launches the master has not answered yet.",
+                value=lambda: float(len(self.core.pending_launches)) if self.core else 0.0)
+        m.gauge("held_allocations", "Allocations held until the state stream is in sync.",
+                value=lambda: float(self.core.held) if self.core else 0.0)
 
     # -- lifecycle -----------------------------------------------------------------------
-    def run(self) -> None:
-        self.reactor.run()
-
-    def close(self) -> None:
+    def close(self, linger_ms: int = int(LINGER_S * 1000)) -> None:
         self._step_down("shutting down")
-        self.leader.close()
-        self.reactor.remove_reader(self.masters)
-        self.masters.close()
-        self.http.close()
-        self.router.close()
-        self.ctx.destroy(linger=int(LINGER_S * 1000))
+
+        def close_sockets() -> None:
+            self.reactor.remove_reader(self.masters)
+            self.masters.close()
+            self.router.close()
+
+        self.on_close(close_sockets)
+        super().close(linger_ms)
 
 
 def _epoch(leader: LeaderInfo | None) -> int | None:

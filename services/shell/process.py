@@ -3,7 +3,6 @@ logging, tracing), and SIGTERM/SIGINT to a clean stop."""
 
 from __future__ import annotations
 
-import argparse
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -14,14 +13,6 @@ from services.bus import log
 from services.bus.reactor import Reactor
 from services.shell import config
 from services.shell.config import Option
-
-
-def add_cluster_args(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--cluster", required=True,
-                    help="zk://host:port[,host:port]/chroot (ZooKeeper) or file:///run/dir "
-                         "(standalone, one machine): where leaders are elected and found")
-    ap.add_argument("--host", default="127.0.0.1", help="address to bind and advertise")
-    ap.add_argument("--log-level", default=None, help="DEBUG, INFO (default), WARNING")
 
 
 def stop_on_signals(reactor: Reactor) -> None:

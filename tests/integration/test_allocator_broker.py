@@ -362,8 +362,10 @@ def test_launches_the_master_never_answers_are_settled_by_the_brokers_timer(
             return metrics if "offerbus_broker_pending_launches 0" in metrics else None
         metrics = wait_for(settled, STEP, message="launches still pending at the broker")
         assert metrics is not None
-        assert 'offerbus_broker_notices_total{kind="launch_seen_launched"} 1' in metrics
-        assert 'offerbus_broker_notices_total{kind="launch_unanswered"} 1' in metrics
+        assert ('offerbus_broker_notices_total{kind="launch_seen_launched",level="info"} 1.0'
+                in metrics)
+        assert ('offerbus_broker_notices_total{kind="launch_unanswered",level="warning"} 1.0'
+                in metrics)
         master.pump_for(0.5)  # nothing more for t-seen: it counts as launched
         assert [list(r.task_ids) for r in master.events("accept_rejected", mark)] == [["t-lost"]]
     finally:
