@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from services.agent.shell import AgentConfig, AgentShell, detect_resources
-from services.shell.config import Option
+from services.shell.config import Option, common_fields
 from services.shell.process import main as run_service
 
 OPTIONS = (
@@ -26,8 +26,7 @@ def build(v: dict[str, Any]) -> AgentShell:
     return AgentShell(AgentConfig(
         cluster_url=v["cluster"], work_dir=Path(v["work_dir"]),
         resources=v["resources"] or detect_resources(), attributes=v["attributes"],
-        hostname=v["hostname"], host=v["host"], http_port=v["http_port"],
-        runtime=v["runtime"], heartbeat_interval=v["heartbeat"], max_missed=v["max_missed"]))
+        hostname=v["hostname"], runtime=v["runtime"], **common_fields(v)))
 
 
 def trace_attributes(shell: AgentShell) -> dict[str, str]:

@@ -51,7 +51,7 @@ from services.executor.runtime import LABEL_EXECUTOR, Logs, Stream, make_runtime
 from services.procs import pid_alive
 from services.resources import Resources
 from services.shell.http import Response, json_response
-from services.shell.service import ServiceKit
+from services.shell.service import ServiceConfig, ServiceKit
 from services.telemetry import extract, span_traceparent
 from services.telemetry import spans as sp
 
@@ -91,17 +91,13 @@ def parse_attributes(text: str) -> list[common_pb2.Attribute]:
 
 
 @dataclass
-class AgentConfig:
+class AgentConfig(ServiceConfig):
     cluster_url: str
     work_dir: Path
     resources: str = field(default_factory=detect_resources)
     attributes: str = ""
     hostname: str = field(default_factory=socket.gethostname)
-    host: str = "127.0.0.1"
-    http_port: int = 0
     runtime: str = "docker"  # or "process"
-    heartbeat_interval: float = 1.0
-    max_missed: int = 5
 
 
 class AgentShell(ServiceKit):
@@ -109,10 +105,7 @@ class AgentShell(ServiceKit):
         checkpoint = AgentCheckpoint(config.work_dir)  # (makes the work dir)
         agent_id = checkpoint.load_agent_id() or ""
         super().__init__("agent", agent_id or f"agent-{config.hostname}",
-                         codec.Role.Value("ROLE_AGENT"), host=config.host,
-                         http_port=config.http_port,
-                         heartbeat_interval=config.heartbeat_interval,
-                         max_missed=config.max_missed, reactor=reactor)
+                         codec.Role.Value("ROLE_AGENT"), config, reactor)
         self.config = config
         self.checkpoint = checkpoint
         self.update_log = StatusUpdateLog(config.work_dir)

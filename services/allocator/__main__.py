@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from services.allocator.shell import AllocatorConfig, AllocatorShell
-from services.shell.config import Option
+from services.shell.config import Option, common_fields
 from services.shell.process import main as run_service
 
 OPTIONS = (
@@ -21,9 +21,8 @@ OPTIONS = (
 
 def build(v: dict[str, Any]) -> AllocatorShell:
     return AllocatorShell(AllocatorConfig(
-        allocator_id=v["id"], election_url=v["cluster"], host=v["host"],
-        http_port=v["http_port"], interval=v["interval"], batch=v["batch"],
-        heartbeat_interval=v["heartbeat"], max_missed=v["max_missed"]))
+        allocator_id=v["id"], election_url=v["cluster"], interval=v["interval"],
+        batch=v["batch"], **common_fields(v)))
 
 
 def main(argv: list[str] | None = None) -> int:

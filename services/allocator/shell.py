@@ -26,7 +26,7 @@ from services.bus.reactor import Reactor, Timer
 from services.bus.statestream import StateSubscriber
 from services.bus.stream_core import Changed
 from services.shell.http import Response, json_response
-from services.shell.service import ServiceKit
+from services.shell.service import ServiceConfig, ServiceKit
 from services.telemetry import span_traceparent, spans
 
 log = get_logger("allocator")
@@ -41,23 +41,17 @@ LAUNCHED = Recover.Reason.RECOVER_REASON_LAUNCHED
 
 
 @dataclass
-class AllocatorConfig:
+class AllocatorConfig(ServiceConfig):
     allocator_id: str
     election_url: str  # zk://hosts/chroot or file:///run_dir
-    host: str = "127.0.0.1"
-    http_port: int = 0
     interval: float = 1.0  # periodic sweep (filters expire, anything missed)
     batch: float = 0.05  # events within this window share one allocation cycle
-    heartbeat_interval: float = 1.0
-    max_missed: int = 5
 
 
 class AllocatorShell(ServiceKit):
     def __init__(self, config: AllocatorConfig, reactor: Reactor | None = None) -> None:
-        super().__init__("allocator", config.allocator_id, Role.Value("ROLE_ALLOCATOR"),
-                         host=config.host, http_port=config.http_port,
-                         heartbeat_interval=config.heartbeat_interval,
-                         max_missed=config.max_missed, reactor=reactor)
+        super().__init__("allocator", config.allocator_id, Role.Value("ROLE_ALLOCATOR"), config,
+                         reactor)
         self.config = config
         self.start_http({"/decisions": self._http_decisions, "/roles": self._http_roles})
         # Leaders of the roles we talk to, known whether or not we lead.

@@ -8,7 +8,7 @@ from typing import Any
 
 from services.broker.core import DEFAULT_LAUNCH_TIMEOUT_S, DEFAULT_OFFER_TIMEOUT_S
 from services.broker.shell import BrokerConfig, BrokerShell
-from services.shell.config import Option
+from services.shell.config import Option, common_fields
 from services.shell.process import main as run_service
 
 OPTIONS = (
@@ -24,10 +24,9 @@ OPTIONS = (
 
 def build(v: dict[str, Any]) -> BrokerShell:
     return BrokerShell(BrokerConfig(
-        broker_id=v["id"], election_url=v["cluster"], host=v["host"], port=v["port"],
-        http_port=v["http_port"], offer_timeout=v["offer_timeout"],
-        launch_timeout=v["launch_timeout"], heartbeat_interval=v["heartbeat"],
-        max_missed=v["max_missed"]))
+        broker_id=v["id"], election_url=v["cluster"], port=v["port"],
+        offer_timeout=v["offer_timeout"], launch_timeout=v["launch_timeout"],
+        **common_fields(v)))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,7 +35,7 @@ from services.bus.reactor import Reactor
 from services.bus.statestream import StateSubscriber
 from services.bus.stream_core import Changed
 from services.notice import Notice
-from services.shell.service import ServiceKit
+from services.shell.service import ServiceConfig, ServiceKit
 
 log = get_logger("broker")
 
@@ -49,24 +49,17 @@ MAX_TIMED_OFFERS = 100_000  # offers awaiting an answer for the round-trip histo
 
 
 @dataclass
-class BrokerConfig:
+class BrokerConfig(ServiceConfig):
     broker_id: str
     election_url: str  # zk://hosts/chroot or file:///run_dir
-    host: str = "127.0.0.1"
     port: int = 0  # the ROUTER the allocator connects to
-    http_port: int = 0
     offer_timeout: float = DEFAULT_OFFER_TIMEOUT_S  # 0 = offers never expire
     launch_timeout: float = DEFAULT_LAUNCH_TIMEOUT_S  # see services/broker/launches.py
-    heartbeat_interval: float = 1.0
-    max_missed: int = 5
 
 
 class BrokerShell(ServiceKit):
     def __init__(self, config: BrokerConfig, reactor: Reactor | None = None) -> None:
-        super().__init__("broker", config.broker_id, Role.Value("ROLE_BROKER"),
-                         host=config.host, http_port=config.http_port,
-                         heartbeat_interval=config.heartbeat_interval,
-                         max_missed=config.max_missed, reactor=reactor)
+        super().__init__("broker", config.broker_id, Role.Value("ROLE_BROKER"), config, reactor)
         self.config = config
         self.allocator_fence = EpochFence(frozenset({ALLOCATOR}))
         self.router = RouterServer(

@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from services.master.shell import MasterConfig, MasterShell
-from services.shell.config import Option
+from services.shell.config import Option, common_fields
 from services.shell.process import main as run_service
 
 OPTIONS = (
@@ -26,10 +26,9 @@ OPTIONS = (
 def build(v: dict[str, Any]) -> MasterShell:
     return MasterShell(MasterConfig(
         master_id=v["id"], election_url=v["cluster"], registry_url=v["cluster"],
-        host=v["host"], front_port=v["port"], internal_port=v["internal_port"],
-        pub_port=v["pub_port"], snapshot_port=v["snapshot_port"], http_port=v["http_port"],
-        heartbeat_interval=v["heartbeat"], max_missed=v["max_missed"],
-        agent_reregister_window_s=v["reregister_window"]))
+        front_port=v["port"], internal_port=v["internal_port"],
+        pub_port=v["pub_port"], snapshot_port=v["snapshot_port"],
+        agent_reregister_window_s=v["reregister_window"], **common_fields(v)))
 
 
 def main(argv: list[str] | None = None) -> int:

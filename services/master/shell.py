@@ -34,7 +34,7 @@ from services.master.commands import (
 from services.master.core import MasterCore
 from services.master.registry import Registry, StaleEpoch, registry_from_url
 from services.shell.http import Response, json_response
-from services.shell.service import ServiceKit
+from services.shell.service import ServiceConfig, ServiceKit
 from services.telemetry import extract, span_traceparent, spans
 
 log = get_logger("master")
@@ -50,27 +50,20 @@ MAX_TIMED_LAUNCHES = 100_000  # launches awaiting RUNNING for the latency histog
 
 
 @dataclass
-class MasterConfig:
+class MasterConfig(ServiceConfig):
     master_id: str
     election_url: str  # zk://hosts/chroot or file:///run_dir
     registry_url: str  # zk://hosts/chroot or file:///run_dir
-    host: str = "127.0.0.1"
     front_port: int = 0
     internal_port: int = 0
     pub_port: int = 0
     snapshot_port: int = 0
-    http_port: int = 0
-    heartbeat_interval: float = 1.0
-    max_missed: int = 5
     agent_reregister_window_s: float = 60.0
 
 
 class MasterShell(ServiceKit):
     def __init__(self, config: MasterConfig, reactor: Reactor | None = None) -> None:
-        super().__init__("master", config.master_id, Role.Value("ROLE_MASTER"),
-                         host=config.host, http_port=config.http_port,
-                         heartbeat_interval=config.heartbeat_interval,
-                         max_missed=config.max_missed, reactor=reactor)
+        super().__init__("master", config.master_id, Role.Value("ROLE_MASTER"), config, reactor)
         self.config = config
         tcp = f"tcp://{config.host}"
         self.front = RouterServer(

@@ -175,3 +175,9 @@ def _read_file(path: str | None, service: str, options: Sequence[Option]) -> dic
         raise ConfigError(f"--config {path}: unknown option(s) {', '.join(unknown)}; "
                           f"known: {', '.join(sorted(by_name))}")
     return {k: by_name[k].parse(v, f"--config {path}: {k}") for k, v in merged.items()}
+
+
+def common_fields(values: dict[str, Any]) -> dict[str, Any]:
+    """The ServiceConfig fields (services/shell/service.py) from the COMMON options."""
+    return {"host": values["host"], "http_port": values["http_port"],
+            "heartbeat_interval": values["heartbeat"], "max_missed": values["max_missed"]}

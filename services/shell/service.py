@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import zmq
@@ -21,13 +22,22 @@ from services.shell.leader import LeaderLifecycle
 from services.shell.metrics import CONTENT_TYPE, Metrics
 
 
+@dataclass(kw_only=True)
+class ServiceConfig:
+    """What every service's configuration holds (the kit's COMMON options)."""
+
+    host: str = "127.0.0.1"  # address to bind and advertise
+    http_port: int = 0  # /health, /metrics; 0 = any free port
+    heartbeat_interval: float = 1.0
+    max_missed: int = 5
+
+
 class ServiceKit:
     """`service`: the role's name ("master", "broker", ...); `member_id`: this instance's id.
     Subclasses call `start_http(routes)` once their sockets are bound, then `join_election`
     (elected roles) with the endpoints to advertise."""
 
-    def __init__(self, service: str, member_id: str, role: int, *, host: str, http_port: int,
-                 heartbeat_interval: float, max_missed: int,
+    def __init__(self, service: str, member_id: str, role: int, config: ServiceConfig,
                  reactor: Reactor | None = None) -> None:
         self.service, self.member_id = service, member_id
         self.log = get_logger(service)
@@ -41,8 +51,8 @@ class ServiceKit:
             "logged with its traceback; the loop went on).",
             lambda: float(self.reactor.handler_errors))
         self.sender = Sender(member_id, role)
-        self.beat = HeartbeatConfig(heartbeat_interval, max_missed)
-        self.host, self._http_port = host, http_port
+        self.beat = HeartbeatConfig(config.heartbeat_interval, config.max_missed)
+        self.host, self._http_port = config.host, config.http_port
         self.http: StatusServer | None = None
         self.leader: LeaderLifecycle | None = None
         self.endpoints: dict[str, str] = {}
