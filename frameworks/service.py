@@ -25,7 +25,6 @@ from services.bus import log
 from services.resources import Resources
 
 logger = log.get_logger("framework.service")
-LIVE = {"TASK_STAGING", "TASK_STARTING", "TASK_RUNNING", "TASK_KILLING", "TASK_UNREACHABLE"}
 DECLINE_WHEN_IDLE_S = 5.0
 
 
@@ -101,7 +100,7 @@ class Instance:
 
     @property
     def live(self) -> bool:
-        return self.state in LIVE
+        return task_states.is_active_name(self.state)
 
 
 def _attribute(offer: common_pb2.Offer, name: str) -> str | None:
