@@ -117,7 +117,8 @@ def _pending_status(tmp_path: Path) -> dict[str, dict[str, Any]]:
                                runtime="process")
     offer = common_pb2.Offer(offer_id="o-2", agent_id="agent-2", hostname="agent-2")
     offer.resources.extend(AGENT.to_proto())
-    _, declines, reason = service.plan(spec, {}, [offer])
+    placed = service.plan(spec, {}, [offer])
+    declines, reason = placed.declines, placed.why
     assert declines == ["o-2"] and reason == NO_FIT
     path = service.spec_path(tmp_path, "big").with_suffix(".status.json")
     path.parent.mkdir(parents=True)

@@ -354,7 +354,7 @@ def test_the_task_view_ends_tasks_by_services_tasks() -> None:
     rec = Recorder(new_core())
     subscribe(rec)
     ended = sorted(tasks.TERMINAL | {tasks.UNKNOWN})
-    for i, state in enumerate(ended):
+    for i in range(len(ended)):
         rec.run(rec.core.on_event(update(status(f"t{i}")), 1.0))
     assert len(rec.core.tasks) == len(ended)
     for i, state in enumerate(ended):
