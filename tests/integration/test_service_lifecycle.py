@@ -1,0 +1,162 @@
+"""A service's lifecycle as an operator drives it, on real clusters (ZooKeeper or file
+election, master, allocator, offer-broker and an agent as separate processes, Docker
+containers), through `python -m services.cli`: `run` twice with one name is refused, `stop`
+removes the service and its containers, a 50-instance `run` returns 0 with progress shown,
+and two clusters side by side: `down` of one leaves the other's processes and containers.
+
+Parts that need the master's top-level "cluster_id" in /state (the lead's change on main)
+skip with a message saying so until it is there."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infra.zookeeper import ZooKeeperServer
+from services.cli import cluster as local_cluster
+from services.executor.runtime import LABEL_CLUSTER, LABEL_TASK
+from services.procs import pid_alive
+from tests.e2e import Cluster
+from tests.waiting import wait_for
+
+IMAGE = "offerbus/busybox:latest"
+AGENT_RESOURCES = "cpus:4;mem:4096;disk:10240;ports:[31000-31999]"
+SMALL = ("--cpus", "0.05", "--mem", "16")
+
+
+def cli(cluster: Cluster, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "services.cli", "--run-dir",
+                           str(cluster.run_dir), *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "COLUMNS": "200"})
+
+
+def ok(cluster: Cluster, *args: str, timeout: float = 240) -> str:
+    out = cli(cluster, *args, timeout=timeout)
+    assert out.returncode == 0, f"offerbus {' '.join(args)}: {out.stdout}{out.stderr}"
+    return out.stdout
+
+
+def containers(docker_client: Any, service: str) -> list[Any]:
+    """The containers of a service's tasks (task ids are <service>-<index>-<attempt>)."""
+    return [c for c in docker_client.containers.list(all=True, filters={"label": LABEL_TASK})
+            if c.labels.get(LABEL_TASK, "").startswith(f"{service}-")]
+
+
+def pids(run_dir: Path) -> dict[str, int]:
+    return {p.stem: int(p.read_text()) for p in (run_dir / "pids").glob("*.pid")}
+
+
+@pytest.fixture(scope="module")
+def cluster_a(zk: ZooKeeperServer, zk_admin: Any, tmp_path_factory: pytest.TempPathFactory,
+              docker_client: Any, busybox_image: str) -> Iterator[Cluster]:
+    chroot = f"/life-{uuid.uuid4().hex[:8]}"
+    zk_admin.create(chroot)
+    run_dir = tmp_path_factory.mktemp("cluster-a")
+    url = f"zk://{zk.hosts}{chroot}"
+    local_cluster.up(local_cluster.UpOptions(run_dir=run_dir, agents=1,
+                                             agent_resources=AGENT_RESOURCES, cluster_url=url,
+                                             offer_timeout=10.0, timeout=60))
+    try:
+        yield Cluster(url, run_dir)
+    finally:
+        local_cluster.down(run_dir)
+
+
+@pytest.fixture(scope="module")
+def cluster_b(tmp_path_factory: pytest.TempPathFactory, docker_client: Any,
+              busybox_image: str) -> Iterator[Cluster]:
+    run_dir = tmp_path_factory.mktemp("cluster-b")
+    url = local_cluster.up(local_cluster.UpOptions(run_dir=run_dir, agents=1, standalone=True,
+                                                   agent_resources=AGENT_RESOURCES,
+                                                   offer_timeout=10.0, timeout=60))
+    try:
+        yield Cluster(url, run_dir)
+    finally:
+        local_cluster.down(run_dir)
+
+
+def test_run_twice_is_refused_and_stop_removes_the_service(cluster_a: Cluster,
+                                                           docker_client: Any) -> None:
+    run = ("run", "--name", "web", "--image", IMAGE, "--instances", "2", *SMALL, "--",
+           "sleep", "3600")
+    ok(cluster_a, *run)
+    assert len([c for c in containers(docker_client, "web") if c.status == "running"]) == 2
+
+    again = cli(cluster_a, *run)
+    assert again.returncode == 2, again.stdout + again.stderr
+    assert "offerbus scale web N" in again.stdout and "offerbus stop web" in again.stdout
+    assert [f["framework_info"]["name"] for f in cluster_a.state()["frameworks"]] == ["web"]
+
+    out = ok(cluster_a, "stop", "web", "--timeout", "60")
+    assert "web stopped" in out
+    assert not [f for f in cluster_a.state()["frameworks"]
+                if f["framework_info"]["name"] == "web"]
+    assert containers(docker_client, "web") == []
+    assert "framework-web" not in local_cluster.running(cluster_a.run_dir)
+    assert not (cluster_a.run_dir / "frameworks" / "web.json").exists()
+    # The name is free again.
+    ok(cluster_a, "run", "--name", "web", "--image", IMAGE, *SMALL, "--no-wait", "--",
+       "sleep", "3600")
+    ok(cluster_a, "stop", "web")
+    assert containers(docker_client, "web") == []
+
+
+def test_fifty_instances_return_0_with_progress_shown(cluster_a: Cluster,
+                                                       docker_client: Any) -> None:
+    out = ok(cluster_a, "run", "--name", "many", "--image", IMAGE, "--instances", "50",
+             *SMALL, "--", "sleep", "3600", timeout=400)
+    lines = [ln for ln in out.splitlines() if ln.startswith("many: ")]
+    assert len(lines) >= 2, out  # counts shown as they changed
+    assert any("pending" in ln or "staging" in ln or "starting" in ln for ln in lines), out
+    assert "many: 50 instances RUNNING" in out
+    assert len([c for c in containers(docker_client, "many") if c.status == "running"]) == 50
+    ok(cluster_a, "stop", "many", "--timeout", "120")
+    assert containers(docker_client, "many") == []
+
+
+def test_down_of_one_cluster_leaves_the_other_running(cluster_a: Cluster, cluster_b: Cluster,
+                                                      docker_client: Any) -> None:
+    ok(cluster_a, "run", "--name", "alpha", "--image", IMAGE, *SMALL, "--", "sleep", "3600")
+    ok(cluster_b, "run", "--name", "beta", "--image", IMAGE, *SMALL, "--", "sleep", "3600")
+    [alpha] = containers(docker_client, "alpha")
+    assert len(containers(docker_client, "beta")) == 1
+    a_pids = pids(cluster_a.run_dir)
+    assert {"master", "allocator", "broker", "agent-1", "framework-alpha"} <= set(a_pids)
+
+    out = ok(cluster_b, "down")
+    assert "1 containers removed" in out, out
+    assert containers(docker_client, "beta") == []
+    alpha.reload()
+    assert alpha.status == "running"
+    assert all(pid_alive(pid) for pid in a_pids.values()), a_pids
+    assert [t["status"]["state"] for t in cluster_a.state()["tasks"]
+            if t["task_info"]["task_id"].startswith("alpha-")] == ["TASK_RUNNING"]
+    ok(cluster_a, "stop", "alpha")
+
+
+def test_up_records_the_cluster_id_and_containers_carry_it(cluster_a: Cluster,
+                                                           docker_client: Any) -> None:
+    """Waiting for the merge: the master's /state "cluster_id" and the agent's
+    LABEL_CLUSTER on containers."""
+    cid = cluster_a.state().get("cluster_id")
+    if not cid:
+        pytest.skip("waiting for the merge: the master's /state has no cluster_id yet")
+    assert (cluster_a.run_dir / "cluster.id").read_text().strip() == cid
+    ok(cluster_a, "run", "--name", "labelled", "--image", IMAGE, *SMALL, "--", "sleep", "3600")
+    try:
+        [c] = containers(docker_client, "labelled")
+        if LABEL_CLUSTER not in c.labels:
+            pytest.skip("waiting for the merge: the agent does not label containers with "
+                        "the cluster id yet")
+        assert c.labels[LABEL_CLUSTER] == cid
+    finally:
+        ok(cluster_a, "stop", "labelled")
+    wait_for(lambda: not containers(docker_client, "labelled"), 30,
+             message="the labelled service's container was not removed")
