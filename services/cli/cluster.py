@@ -324,12 +324,13 @@ def remove_task_containers(cluster_id: str, executors: set[str]) -> int:
         import docker
 
         client = docker.from_env(timeout=30)
-        containers = client.containers.list(all=True, filters={"label": LABEL_TASK})
+        # The low-level list: no inspect per container (one removed meanwhile is no error).
+        listed = client.api.containers(all=True, filters={"label": LABEL_TASK})
     except Exception:
         return 0
-    mine = [c for c in containers if owned(dict(c.labels or {}), cluster_id, executors)]
-    for c in mine:
+    mine = [c["Id"] for c in listed if owned(dict(c.get("Labels") or {}), cluster_id, executors)]
+    for cid in mine:
         with contextlib.suppress(Exception):
-            c.remove(force=True)
+            client.api.remove_container(cid, force=True)
     client.close()
     return len(mine)

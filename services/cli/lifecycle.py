@@ -227,8 +227,15 @@ def cmd_scale(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def _containers_of(fids: set[str]) -> int | None:
-    """How many containers carry one of these framework ids (None: no Docker engine)."""
+def executors_of(state: Doc, fids: set[str]) -> set[str]:
+    """The executor ids the master's /state names for these frameworks' tasks."""
+    return {t.get("status", {}).get("executor_id", "") for t in state.get("tasks", [])
+            if t.get("framework_id") in fids} - {""}
+
+
+def _containers_of(fids: set[str], cluster_id: str, executors: set[str]) -> int | None:
+    """How many containers of these frameworks, of this cluster, are left (None: no Docker
+    engine). Framework ids alone may repeat across clusters: ownership is checked too."""
     from services.executor.runtime import LABEL_FRAMEWORK
 
     try:
@@ -236,8 +243,9 @@ def _containers_of(fids: set[str]) -> int | None:
 
         client = docker.from_env(timeout=10)
         try:
-            return sum(len(client.containers.list(
-                all=True, filters={"label": f"{LABEL_FRAMEWORK}={fid}"})) for fid in fids)
+            return sum(1 for fid in fids for c in client.api.containers(
+                all=True, filters={"label": f"{LABEL_FRAMEWORK}={fid}"})
+                if cluster.owned(dict(c.get("Labels") or {}), cluster_id, executors))
         finally:
             client.close()
     except Exception:
@@ -291,6 +299,8 @@ def cmd_stop(args: argparse.Namespace, console: Console) -> int:
         raise CliError(f"no service {name!r}: no framework of that name is registered and "
                        f"{spec} does not exist")
     timeout = args.wait_timeout or 60.0
+    cluster_id = str(state.get("cluster_id") or cluster.known_cluster_id(run_dir))
+    executors = executors_of(state, fids) | cluster.executor_ids(run_dir)
     with Reporter(console, f"stopping {name}") as shown:
         for fid in sorted(fids):
             shown.show(teardown(url, args, fid, pid, console))
@@ -298,7 +308,7 @@ def cmd_stop(args: argparse.Namespace, console: Console) -> int:
         def left() -> str | None:
             _, now_state = master_state(url, args.timeout)
             still = fids & set(frameworks_named(now_state, name))
-            containers = _containers_of(fids) or 0
+            containers = _containers_of(fids, cluster_id, executors) or 0
             if not still and not containers:
                 return None
             return (f"{name}: {len(still)} framework(s) registered, {containers} "

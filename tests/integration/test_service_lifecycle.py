@@ -29,6 +29,10 @@ from tests.waiting import wait_for
 IMAGE = "offerbus/busybox:latest"
 AGENT_RESOURCES = "cpus:4;mem:4096;disk:10240;ports:[31000-31999]"
 SMALL = ("--cpus", "0.05", "--mem", "16")
+# Service names unique to this run: other tests on this Docker engine may run a "web".
+TAG = uuid.uuid4().hex[:6]
+WEB, MANY, ALPHA, BETA, LABELLED = (f"{n}{TAG}" for n in
+                                    ("web", "many", "alpha", "beta", "labelled"))
 
 
 def cli(cluster: Cluster, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
@@ -43,10 +47,15 @@ def ok(cluster: Cluster, *args: str, timeout: float = 240) -> str:
     return out.stdout
 
 
-def containers(docker_client: Any, service: str) -> list[Any]:
-    """The containers of a service's tasks (task ids are <service>-<index>-<attempt>)."""
-    return [c for c in docker_client.containers.list(all=True, filters={"label": LABEL_TASK})
-            if c.labels.get(LABEL_TASK, "").startswith(f"{service}-")]
+def containers(docker_client: Any, service: str) -> list[dict[str, Any]]:
+    """The containers of a service's tasks (task ids are <service>-<index>-<attempt>), from
+    the low-level list (no inspect that fails for a container removed meanwhile)."""
+    return [c for c in docker_client.api.containers(all=True, filters={"label": LABEL_TASK})
+            if (c.get("Labels") or {}).get(LABEL_TASK, "").startswith(f"{service}-")]
+
+
+def running_count(docker_client: Any, service: str) -> int:
+    return sum(1 for c in containers(docker_client, service) if c.get("State") == "running")
 
 
 def pids(run_dir: Path) -> dict[str, int]:
@@ -84,61 +93,61 @@ def cluster_b(tmp_path_factory: pytest.TempPathFactory, docker_client: Any,
 
 def test_run_twice_is_refused_and_stop_removes_the_service(cluster_a: Cluster,
                                                            docker_client: Any) -> None:
-    run = ("run", "--name", "web", "--image", IMAGE, "--instances", "2", *SMALL, "--",
+    run = ("run", "--name", WEB, "--image", IMAGE, "--instances", "2", *SMALL, "--",
            "sleep", "3600")
     ok(cluster_a, *run)
-    assert len([c for c in containers(docker_client, "web") if c.status == "running"]) == 2
+    assert running_count(docker_client, WEB) == 2
 
     again = cli(cluster_a, *run)
     assert again.returncode == 2, again.stdout + again.stderr
-    assert "offerbus scale web N" in again.stdout and "offerbus stop web" in again.stdout
-    assert [f["framework_info"]["name"] for f in cluster_a.state()["frameworks"]] == ["web"]
+    assert f"offerbus scale {WEB} N" in again.stdout and f"offerbus stop {WEB}" in again.stdout
+    assert [f["framework_info"]["name"] for f in cluster_a.state()["frameworks"]] == [WEB]
 
-    out = ok(cluster_a, "stop", "web", "--timeout", "60")
-    assert "web stopped" in out
+    out = ok(cluster_a, "stop", WEB, "--timeout", "60")
+    assert f"{WEB} stopped" in out
     assert not [f for f in cluster_a.state()["frameworks"]
-                if f["framework_info"]["name"] == "web"]
-    assert containers(docker_client, "web") == []
-    assert "framework-web" not in local_cluster.running(cluster_a.run_dir)
-    assert not (cluster_a.run_dir / "frameworks" / "web.json").exists()
+                if f["framework_info"]["name"] == WEB]
+    assert containers(docker_client, WEB) == []
+    assert f"framework-{WEB}" not in local_cluster.running(cluster_a.run_dir)
+    assert not (cluster_a.run_dir / "frameworks" / f"{WEB}.json").exists()
     # The name is free again.
-    ok(cluster_a, "run", "--name", "web", "--image", IMAGE, *SMALL, "--no-wait", "--",
+    ok(cluster_a, "run", "--name", WEB, "--image", IMAGE, *SMALL, "--no-wait", "--",
        "sleep", "3600")
-    ok(cluster_a, "stop", "web")
-    assert containers(docker_client, "web") == []
+    ok(cluster_a, "stop", WEB)
+    assert containers(docker_client, WEB) == []
 
 
 def test_fifty_instances_return_0_with_progress_shown(cluster_a: Cluster,
                                                        docker_client: Any) -> None:
-    out = ok(cluster_a, "run", "--name", "many", "--image", IMAGE, "--instances", "50",
+    out = ok(cluster_a, "run", "--name", MANY, "--image", IMAGE, "--instances", "50",
              *SMALL, "--", "sleep", "3600", timeout=400)
-    lines = [ln for ln in out.splitlines() if ln.startswith("many: ")]
+    lines = [ln for ln in out.splitlines() if ln.startswith(f"{MANY}: ")]
     assert len(lines) >= 2, out  # counts shown as they changed
     assert any("pending" in ln or "staging" in ln or "starting" in ln for ln in lines), out
-    assert "many: 50 instances RUNNING" in out
-    assert len([c for c in containers(docker_client, "many") if c.status == "running"]) == 50
-    ok(cluster_a, "stop", "many", "--timeout", "120")
-    assert containers(docker_client, "many") == []
+    assert f"{MANY}: 50 instances RUNNING" in out
+    assert running_count(docker_client, MANY) == 50
+    ok(cluster_a, "stop", MANY, "--timeout", "120")
+    assert containers(docker_client, MANY) == []
 
 
 def test_down_of_one_cluster_leaves_the_other_running(cluster_a: Cluster, cluster_b: Cluster,
                                                       docker_client: Any) -> None:
-    ok(cluster_a, "run", "--name", "alpha", "--image", IMAGE, *SMALL, "--", "sleep", "3600")
-    ok(cluster_b, "run", "--name", "beta", "--image", IMAGE, *SMALL, "--", "sleep", "3600")
-    [alpha] = containers(docker_client, "alpha")
-    assert len(containers(docker_client, "beta")) == 1
+    ok(cluster_a, "run", "--name", ALPHA, "--image", IMAGE, *SMALL, "--", "sleep", "3600")
+    ok(cluster_b, "run", "--name", BETA, "--image", IMAGE, *SMALL, "--", "sleep", "3600")
+    [alpha] = containers(docker_client, ALPHA)
+    assert len(containers(docker_client, BETA)) == 1
     a_pids = pids(cluster_a.run_dir)
-    assert {"master", "allocator", "broker", "agent-1", "framework-alpha"} <= set(a_pids)
+    assert {"master", "allocator", "broker", "agent-1", f"framework-{ALPHA}"} <= set(a_pids)
 
     out = ok(cluster_b, "down")
     assert "1 containers removed" in out, out
-    assert containers(docker_client, "beta") == []
-    alpha.reload()
-    assert alpha.status == "running"
+    assert containers(docker_client, BETA) == []
+    [still] = containers(docker_client, ALPHA)
+    assert still["Id"] == alpha["Id"] and still["State"] == "running"
     assert all(pid_alive(pid) for pid in a_pids.values()), a_pids
     assert [t["status"]["state"] for t in cluster_a.state()["tasks"]
-            if t["task_info"]["task_id"].startswith("alpha-")] == ["TASK_RUNNING"]
-    ok(cluster_a, "stop", "alpha")
+            if t["task_info"]["task_id"].startswith(f"{ALPHA}-")] == ["TASK_RUNNING"]
+    ok(cluster_a, "stop", ALPHA)
 
 
 def test_up_records_the_cluster_id_and_containers_carry_it(cluster_a: Cluster,
@@ -149,14 +158,14 @@ def test_up_records_the_cluster_id_and_containers_carry_it(cluster_a: Cluster,
     if not cid:
         pytest.skip("waiting for the merge: the master's /state has no cluster_id yet")
     assert (cluster_a.run_dir / "cluster.id").read_text().strip() == cid
-    ok(cluster_a, "run", "--name", "labelled", "--image", IMAGE, *SMALL, "--", "sleep", "3600")
+    ok(cluster_a, "run", "--name", LABELLED, "--image", IMAGE, *SMALL, "--", "sleep", "3600")
     try:
-        [c] = containers(docker_client, "labelled")
-        if LABEL_CLUSTER not in c.labels:
+        [c] = containers(docker_client, LABELLED)
+        if LABEL_CLUSTER not in c["Labels"]:
             pytest.skip("waiting for the merge: the agent does not label containers with "
                         "the cluster id yet")
-        assert c.labels[LABEL_CLUSTER] == cid
+        assert c["Labels"][LABEL_CLUSTER] == cid
     finally:
-        ok(cluster_a, "stop", "labelled")
-    wait_for(lambda: not containers(docker_client, "labelled"), 30,
+        ok(cluster_a, "stop", LABELLED)
+    wait_for(lambda: not containers(docker_client, LABELLED), 30,
              message="the labelled service's container was not removed")
