@@ -81,7 +81,7 @@ def swarm_run(client: docker.DockerClient, image_id: str, n: int) -> float:
 
 
 # -- Offerbus --------------------------------------------------------------------------------
-def offerbus_run(url: str, n: int, run: int) -> float:
+def offerbus_run(client: docker.DockerClient, url: str, n: int, run: int) -> float:
     name = f"bench{n}r{run}"
     spec = ServiceSpec(name=name, image=IMAGE, instances=n, cpus=0.1, mem=32,
                        command=["sleep", "3600"], kill_grace_s=0.2)
@@ -97,8 +97,11 @@ def offerbus_run(url: str, n: int, run: int) -> float:
 
     _wait(running, DEADLINE, f"offerbus: {n} running")
     elapsed = time.perf_counter() - t
+    fid = driver.framework_id
     driver.stop(failover=False)
     driver.join(10)
+    # Only this framework's containers: another cluster may share the engine (`make run`).
+    _gone(client, f"org.offerbus.framework_id={fid}")
     return elapsed
 
 
@@ -123,11 +126,15 @@ def main() -> None:
         for n in SIZES:
             times: dict[str, list[float]] = {"floor": [], "swarm": [], "offerbus": []}
             for r in range(RUNS):
-                times["floor"].append(floor_run(client, n))
-                _gone(client, f"{LABEL}=floor")
-                times["swarm"].append(swarm_run(client, image_id, n))
-                times["offerbus"].append(offerbus_run(url, n, r))
-                _gone(client, "org.offerbus.task_id")
+                systems = ["floor", "swarm", "offerbus"]
+                for system in systems[r % 3:] + systems[:r % 3]:  # none always runs first
+                    if system == "floor":
+                        times[system].append(floor_run(client, n))
+                        _gone(client, f"{LABEL}=floor")
+                    elif system == "swarm":
+                        times[system].append(swarm_run(client, image_id, n))
+                    else:
+                        times[system].append(offerbus_run(client, url, n, r))
                 progress(f"N={n} run {r + 1}/{RUNS}: floor {times['floor'][-1]:.2f}s, swarm "
                          f"{times['swarm'][-1]:.2f}s, offerbus {times['offerbus'][-1]:.2f}s")
             results[f"n{n}"] = {k: {"runs": v, **_summary(v)} for k, v in times.items()}

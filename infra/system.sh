@@ -15,6 +15,7 @@ packages=(
   netcat-openbsd   # nc, for poking at ports by hand
   iproute2         # ip netns / veth for multi-host tests
   iptables         # partitions between those hosts (and dockerd's networking)
+  prometheus       # promtool, which checks every service's /metrics in the tests
 )
 
 is_installed() {

@@ -116,7 +116,7 @@ class Resources:
             key = (r.name, _role(r.role))
             kind = r.WhichOneof("value")
             if kind == "scalar":
-                if not math.isfinite(r.scalar) or r.scalar < 0:
+                if not math.isfinite(r.scalar * MILLI) or r.scalar < 0:
                     raise ValueError(f"resource {r.name}: scalar {r.scalar} is not a finite, "
                                      "non-negative number")
                 if round(r.scalar * MILLI):

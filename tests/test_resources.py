@@ -83,7 +83,9 @@ def test_from_proto_is_canonical_and_refuses_what_is_not_a_quantity() -> None:
     zero = [common_pb2.Resource(name="cpus", scalar=0.0), common_pb2.Resource(name="ports")]
     zero[1].ranges.SetInParent()
     assert Resources.from_proto(zero) == Resources()  # no `cpus:0` left to compare unequal
-    for bad in (float("inf"), float("nan"), -1.0):
+    # 1.8e305 is finite, but not once counted in thousandths (it overflowed to inf, and a
+    # registration carrying it raised OverflowError inside the master core).
+    for bad in (float("inf"), float("nan"), -1.0, 1.7976931348623159e305):
         with pytest.raises(ValueError):
             Resources.from_proto([common_pb2.Resource(name="mem", scalar=bad)])
 

@@ -26,6 +26,7 @@ log = get_logger(__name__)
 
 LOG_NAME = "status_updates.log"
 AGENT_ID_NAME = "agent_id"
+CLUSTER_ID_NAME = "cluster_id"
 STATE_NAME = "agent_state.pb"
 
 _HEADER = struct.Struct(">II")
@@ -196,32 +197,47 @@ class StatusUpdateLog:
 
 
 class AgentCheckpoint:
-    """The agent's id and its state (tasks, executors, frameworks, as a Reregister message),
-    each file replaced atomically, so a crash leaves the old version or the new one."""
+    """The agent's id, its cluster's id and its state (tasks, executors, frameworks, as a
+    Reregister message), each file replaced atomically, so a crash leaves the old version or
+    the new one."""
 
     def __init__(self, work_dir: Path | str) -> None:
         self.work_dir = Path(work_dir)
         self.agent_id_path = self.work_dir / AGENT_ID_NAME
+        self.cluster_id_path = self.work_dir / CLUSTER_ID_NAME
         self.state_path = self.work_dir / STATE_NAME
 
     def save_agent_id(self, agent_id: str) -> None:
-        if not agent_id or "\n" in agent_id:
-            raise ValueError(f"bad agent id {agent_id!r}")
-        self.work_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write(self.agent_id_path, agent_id.encode() + b"\n")
+        self._save_id(self.agent_id_path, agent_id)
 
     def load_agent_id(self) -> str | None:
         """None for a fresh work dir (the agent registers as new)."""
+        return self._load_id(self.agent_id_path)
+
+    def save_cluster_id(self, cluster_id: str) -> None:
+        self._save_id(self.cluster_id_path, cluster_id)
+
+    def load_cluster_id(self) -> str | None:
+        """None until a master named the cluster (or for a work dir from before cluster ids)."""
+        return self._load_id(self.cluster_id_path)
+
+    def _save_id(self, path: Path, value: str) -> None:
+        if not value or "\n" in value:
+            raise ValueError(f"bad {path.name} {value!r}")
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, value.encode() + b"\n")
+
+    def _load_id(self, path: Path) -> str | None:
         try:
-            text = self.agent_id_path.read_bytes().decode()
+            text = path.read_bytes().decode()
         except FileNotFoundError:
             return None
         except UnicodeDecodeError as e:
-            raise CheckpointCorrupt(f"{self.agent_id_path}: not text: {e}") from e
-        agent_id = text.strip()
-        if not agent_id:
-            raise CheckpointCorrupt(f"{self.agent_id_path}: empty")
-        return agent_id
+            raise CheckpointCorrupt(f"{path}: not text: {e}") from e
+        value = text.strip()
+        if not value:
+            raise CheckpointCorrupt(f"{path}: empty")
+        return value
 
     def save_state(self, state: AgentState) -> None:
         self.work_dir.mkdir(parents=True, exist_ok=True)

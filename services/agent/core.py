@@ -1,112 +1,83 @@
-"""The agent's pure core: registration with the master, the table of executors and their
-tasks (each launched at most once), kills, reconciliation and recovery after a restart. It
+"""The agent's pure core: registration with the master and the cluster's identity (checkpointed;
+a master of another cluster is refused), the table of executors and their tasks (each launched
+at most once), kills, executor deaths (containers stopped before the task is reported), orphan
+containers after a restart, reconciliation, recovery, and every timer (`next_deadline`). It
 drives the status update manager (status_updates.py). No sockets, disk, clock or Docker:
-events and `now` in, commands out; the shell (shell.py) carries them out."""
+events and `now` in, commands out (commands.py); the shell (shell.py) carries them out."""
 
 from __future__ import annotations
 
 import enum
 import uuid as uuidlib
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
 
 from schemas import agent_pb2, bus_pb2, common_pb2, executor_pb2
 from services import tasks
 from services.agent import status_updates as su
+from services.agent.commands import (
+    Command,
+    FetchLogs,
+    LaunchExecutor,
+    LeaveMaster,
+    RemoveContainers,
+    SaveAgentId,
+    SaveClusterId,
+    SaveState,
+    ScanContainers,
+    StopContainers,
+    ToExecutor,
+    ToMaster,
+)
+from services.agent.executors import (
+    EXECUTOR_REGISTRATION_TIMEOUT_S,
+    EXECUTOR_REREGISTRATION_TIMEOUT_S,
+    STOP_ATTEMPTS,
+    STOP_RETRY_INITIAL_S,
+    STOP_RETRY_MAX_S,
+    Executor,
+)
 from services.bus.liveness import Backoff
+from services.executor.runtime import (
+    LABEL_AGENT,
+    LABEL_CLUSTER,
+    LABEL_EXECUTOR,
+    Handle,
+    executor_labels,
+)
+from services.notice import Notice
 
 TaskState = common_pb2.TaskState
 TaskStatus = common_pb2.TaskStatus
 AgentState = agent_pb2.AgentCall.Reregister
 
-EXECUTOR_REGISTRATION_TIMEOUT_S = 30.0  # launched executors must subscribe within this
-EXECUTOR_REREGISTRATION_TIMEOUT_S = 10.0  # after an agent restart, executors must come back
-
-
 class Registration(enum.Enum):
     DISCONNECTED = "disconnected"  # no master known
     REGISTERING = "registering"  # Register/Reregister sent, no answer yet
     REGISTERED = "registered"
+    REFUSED = "refused"  # the master belongs to another cluster: left until a new leader
 
 
-# -- commands -----------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ToMaster:
-    call: agent_pb2.AgentCall
+class Scan(enum.Enum):
+    """The orphan-container scan, once per agent process, after a registration confirmed
+    this cluster's id."""
 
-
-@dataclass(frozen=True)
-class ToExecutor:
-    peer: bytes
-    event: executor_pb2.ExecutorEvent
-    traceparent: str = ""  # the Envelope's (the Launch event carries the run span's)
-
-
-@dataclass(frozen=True)
-class LaunchExecutor:
-    """Start the executor process for one task (the shell uses the fork-server launcher)."""
-
-    executor_id: str
-    framework_id: str
-    task_id: str
-    traceparent: str = ""  # the master's RunTasks.Launch.traceparent: the run span's parent
-
-
-@dataclass(frozen=True)
-class SaveState:
-    """Atomically checkpoint the agent's state (also its re-registration message)."""
-
-    state: AgentState
-
-
-@dataclass(frozen=True)
-class SaveAgentId:
-    agent_id: str
-
-
-@dataclass(frozen=True)
-class FetchLogs:
-    """Read a task's container output and answer the master with AgentCall.LogsReply."""
-
-    request: agent_pb2.AgentEvent.LogsRequest
-    executor_id: str | None  # None: the task is unknown here
-
-
-Command = (ToMaster | ToExecutor | LaunchExecutor | SaveState | SaveAgentId | FetchLogs
-           | su.Checkpoint)
-
-
-@dataclass
-class Executor:
-    executor_id: str
-    framework_id: str
-    task: common_pb2.TaskInfo
-    framework: common_pb2.FrameworkInfo
-    launched_at: float
-    pid: int = 0
-    peer: bytes | None = None
-    container_id: str = ""
-    state: TaskState.ValueType = TaskState.TASK_STAGING
-    kill_grace_s: float | None = None  # a kill asked before the executor subscribed
-    exited: bool = False
-    # Handed to the executor with its Launch (whenever it subscribes): the master's
-    # RunTasks.Launch.traceparent, until the shell's `run` span replaces it (launch_traced).
-    traceparent: str = ""
-
-    @property
-    def task_id(self) -> str:
-        return self.task.task_id
+    WAITING = "waiting"
+    RUNNING = "running"
+    DONE = "done"
 
 
 class AgentCore:
     def __init__(
         self, info: common_pb2.AgentInfo, *, now: float,
         recovered: AgentState | None = None, records: Iterable[su.Record] = (),
-        new_id: Callable[[], str] = lambda: uuidlib.uuid4().hex[:8],
+        new_id: Callable[[], str] = lambda: uuidlib.uuid4().hex[:8], cluster_id: str = "",
     ) -> None:
         self.info = common_pb2.AgentInfo()
         self.info.CopyFrom(info)
         self.agent_id = info.agent_id
+        self.cluster_id = cluster_id  # checkpointed; "" until a master names the cluster
+        self.scan = Scan.WAITING
+        self.cluster_mismatches = 0
         self.registration = Registration.DISCONNECTED
         self.master_epoch = 0
         self.executors: dict[str, Executor] = {}
@@ -187,7 +158,8 @@ class AgentCore:
         """The master refused a call: not registered on this connection (or not leading)
         means register again."""
         refused = code in (bus_pb2.NOT_REGISTERED, bus_pb2.NOT_LEADER)
-        if refused and self.registration is not Registration.REGISTERING:
+        if refused and self.registration in (Registration.REGISTERED,
+                                             Registration.DISCONNECTED):
             self.registration = Registration.REGISTERING
             self.updates.pause()
             return self._register(now)
@@ -197,7 +169,9 @@ class AgentCore:
         kind = event.WhichOneof("event")
         if kind in ("registered", "reregistered"):
             reply = getattr(event, kind)
-            return self._registered(reply.agent_id, reply.master_epoch, now)
+            if self.registration is Registration.REFUSED:
+                return []
+            return self._registered(reply.agent_id, reply.master_epoch, reply.cluster_id, now)
         if self.registration is not Registration.REGISTERED:
             return []  # from a master we are not registered with: ignore until we are
         if kind == "run_tasks":
@@ -234,8 +208,19 @@ class AgentCore:
             return [FetchLogs(req, ex_id)]
         return []
 
-    def _registered(self, agent_id: str, epoch: int, now: float) -> list[Command]:
+    def _registered(self, agent_id: str, epoch: int, cluster_id: str,
+                    now: float) -> list[Command]:
+        if cluster_id and self.cluster_id and cluster_id != self.cluster_id:
+            return self._refuse_cluster(cluster_id, now)
         cmds: list[Command] = []
+        if cluster_id and not self.cluster_id:
+            self.cluster_id = cluster_id
+            cmds.append(SaveClusterId(cluster_id))  # before anything is launched with it
+        elif not cluster_id:
+            cmds.append(Notice.of("master_without_cluster_id",
+                                  "the master named no cluster id; containers keep the "
+                                  "checkpointed one and no orphan cleanup runs until one is "
+                                  "known", "warning", cluster_id=self.cluster_id))
         if agent_id and agent_id != self.agent_id:
             self.agent_id = agent_id
             self.info.agent_id = agent_id
@@ -243,8 +228,28 @@ class AgentCore:
         self.registration = Registration.REGISTERED
         self.master_epoch = epoch
         self._register_at = None
+        if self.scan is Scan.WAITING and cluster_id and self.agent_id:
+            # Only now is it certain whose containers are ours: this cluster's, this agent's.
+            self.scan = Scan.RUNNING
+            cmds.append(ScanContainers({LABEL_CLUSTER: self.cluster_id,
+                                        LABEL_AGENT: self.agent_id}))
         cmds += self._updates(self.updates.master_changed(now))
         return cmds
+
+    def _refuse_cluster(self, cluster_id: str, now: float) -> list[Command]:
+        """A master of another cluster answered: never mix clusters. Nothing is launched for
+        it, nothing forwarded to it, no container removed; the shell leaves it, and only a
+        newly detected leader is tried again (status updates wait, checkpointed)."""
+        self.registration = Registration.REFUSED
+        self._register_at = None
+        self.updates.pause()
+        self.cluster_mismatches += 1
+        why = (f"the master belongs to cluster {cluster_id}, this agent to cluster "
+               f"{self.cluster_id} (checkpointed in its work dir)")
+        return [Notice.of("cluster_mismatch", f"refusing a master of another cluster: {why}",
+                          "error", master_cluster_id=cluster_id, cluster_id=self.cluster_id,
+                          agent_id=self.agent_id, mismatches=self.cluster_mismatches),
+                LeaveMaster(why)]
 
     def _run_tasks(self, run: agent_pb2.AgentEvent.RunTasks, now: float) -> list[Command]:
         for fw in run.frameworks:
@@ -261,7 +266,7 @@ class AgentCore:
                           launched_at=now, traceparent=launch.traceparent)
             self._add(ex)
             cmds.append(LaunchExecutor(ex.executor_id, ex.framework_id, ex.task_id,
-                                       launch.traceparent))
+                                       launch.traceparent, self.cluster_id))
         if cmds:
             cmds.append(SaveState(self.state()))
         return cmds
@@ -316,11 +321,12 @@ class AgentCore:
     def executor_call(self, peer: bytes, call: executor_pb2.ExecutorCall,
                       now: float) -> list[Command]:
         ex = self.executors.get(call.executor_id)
-        if ex is None or ex.framework_id != call.framework_id:
+        kind = call.WhichOneof("call")
+        late = ex is not None and ex.exited and kind == "subscribe"  # given up on: no launch
+        if ex is None or ex.framework_id != call.framework_id or late:
             event = executor_pb2.ExecutorEvent()
             event.shutdown.grace_period_s = 0.0
             return [ToExecutor(peer, event)]  # nobody knows this executor: it must stop
-        kind = call.WhichOneof("call")
         cmds: list[Command] = []
         if kind == "subscribe":
             ex.peer = peer
@@ -359,23 +365,107 @@ class AgentCore:
         return self._updates(self.updates.update(ex.framework_id, status))
 
     def executor_exited(self, executor_id: str, now: float) -> list[Command]:
-        """The executor's process is gone (the shell watches pids)."""
+        """The executor's process is gone (the shell watches pids). Its containers may still
+        run: they are stopped first, and only then is the task reported (containers_stopped)
+        and its resources given back; never a task reported while its container runs on."""
         ex = self.executors.get(executor_id)
         if ex is None or ex.exited:
             return []
+        return self._executor_gone(ex, TaskStatus.REASON_EXECUTOR_TERMINATED,
+                                   "the executor exited before its task ended")
+
+    def _executor_gone(self, ex: Executor, reason: TaskStatus.Reason.ValueType,
+                       message: str) -> list[Command]:
         ex.exited = True
         ex.peer = None
+        ex.stopping = True
+        ex.gone_reason, ex.gone_message = reason, message
+        return [self._stop_command(ex)]
+
+    def _stop_command(self, ex: Executor) -> StopContainers:
+        return StopContainers(ex.executor_id,
+                              executor_labels(self.cluster_id, self.agent_id, ex.executor_id))
+
+    def containers_stopped(self, executor_id: str, removed: Sequence[str], error: str,
+                           now: float) -> list[Command]:
+        """The shell stopped and removed the containers of a gone executor (`removed`: their
+        ids), or failed to (`error`): retried with backoff, then reported anyway."""
+        ex = self.executors.get(executor_id)
+        if ex is None or not ex.stopping or ex.stop_retry_at is not None:
+            return []
         cmds: list[Command] = []
+        if error:
+            ex.stop_attempts += 1
+            if ex.stop_attempts < STOP_ATTEMPTS:
+                delay = min(STOP_RETRY_INITIAL_S * 2 ** (ex.stop_attempts - 1), STOP_RETRY_MAX_S)
+                ex.stop_retry_at = now + delay
+                return [Notice.of("container_stop_failed", "could not stop the containers of "
+                                  "a gone executor; retrying", "warning",
+                                  executor_id=executor_id, error=error, retry_in_s=delay)]
+            cmds.append(Notice.of("container_stop_abandoned", "could not stop the containers "
+                                  "of a gone executor; reporting its task anyway", "error",
+                                  executor_id=executor_id, error=error,
+                                  attempts=ex.stop_attempts))
+        ex.stopping = False
+        if error:
+            stopped = f"its container could not be stopped ({error})"
+        elif removed:
+            ids = ", ".join(c[:12] for c in removed)
+            stopped = f"its container was stopped and removed ({ids})"
+        else:
+            stopped = "it left no container running"
+        if removed:
+            cmds.append(Notice.of("executor_containers_stopped", "stopped the containers of a "
+                                  "gone executor", "info", executor_id=executor_id,
+                                  containers=len(removed)))
         if not tasks.is_terminal(ex.state):
             cmds += self._agent_update(ex.framework_id, ex.task_id, ex.executor_id,
-                                       TaskState.TASK_FAILED,
-                                       TaskStatus.REASON_EXECUTOR_TERMINATED,
-                                       "the executor exited before its task ended", now)
-        call = agent_pb2.AgentCall(agent_id=self.agent_id)
-        call.executor_exited.framework_id = ex.framework_id
-        call.executor_exited.executor_id = ex.executor_id
+                                       TaskState.TASK_FAILED, ex.gone_reason,
+                                       f"{ex.gone_message}; {stopped}", now)
         if self.registration is Registration.REGISTERED:
+            call = agent_pb2.AgentCall(agent_id=self.agent_id)
+            call.executor_exited.framework_id = ex.framework_id
+            call.executor_exited.executor_id = ex.executor_id
             cmds.append(ToMaster(call))
+        return cmds
+
+    # -- orphan containers -----------------------------------------------------------------
+    def orphans(self, found: Iterable[Handle]) -> list[Handle]:
+        """The containers that carry this cluster's id and this agent's id and that no
+        executor of the checkpoint owns. A container without the cluster label, or of
+        another cluster or agent, is never one."""
+        if not self.cluster_id or not self.agent_id:
+            return []
+        return [h for h in found
+                if h.labels.get(LABEL_CLUSTER) == self.cluster_id
+                and h.labels.get(LABEL_AGENT) == self.agent_id
+                and h.labels.get(LABEL_EXECUTOR, "") not in self.executors]
+
+    def containers_found(self, found: Sequence[Handle], error: str,
+                         now: float) -> list[Command]:
+        """The answer to ScanContainers: remove the orphans among them."""
+        if self.scan is not Scan.RUNNING:
+            return []
+        self.scan = Scan.DONE
+        if error:
+            return [Notice.of("orphan_scan_failed", "could not list this agent's containers; "
+                              "orphans stay until the next restart", "warning", error=error)]
+        orphans = self.orphans(found)
+        if not orphans:
+            return []
+        return [Notice.of("orphans_found", "removing containers of this agent that no "
+                          "executor owns", "warning", count=len(orphans),
+                          containers=",".join(h.name for h in orphans)),
+                RemoveContainers(tuple(orphans))]
+
+    def orphans_removed(self, removed: Sequence[str], errors: Sequence[str]) -> list[Command]:
+        cmds: list[Command] = []
+        if removed:
+            cmds.append(Notice.of("orphans_removed", "removed orphan containers", "info",
+                                  count=len(removed), containers=",".join(removed)))
+        if errors:
+            cmds.append(Notice.of("orphan_removal_failed", "could not remove orphan "
+                                  "containers", "warning", errors="; ".join(errors)))
         return cmds
 
     def executor_launch_failed(self, executor_id: str, message: str,
@@ -435,30 +525,56 @@ class AgentCore:
                 and now >= self._register_at):
             cmds += self._register(now)
         for ex in list(self.executors.values()):
-            if ex.peer is None and not ex.exited and not tasks.is_terminal(ex.state):
-                recovering = self._recovery_deadline is not None and ex.pid > 0
-                deadline = (self._recovery_deadline if recovering and self._recovery_deadline
-                            else ex.launched_at + EXECUTOR_REGISTRATION_TIMEOUT_S)
-                if now >= deadline:
-                    reason = (TaskStatus.REASON_EXECUTOR_REREGISTRATION_TIMEOUT if recovering
-                              else TaskStatus.REASON_EXECUTOR_REGISTRATION_TIMEOUT)
-                    ex.exited = True
-                    cmds += self._agent_update(ex.framework_id, ex.task_id, ex.executor_id,
-                                               TaskState.TASK_FAILED, reason,
-                                               "the executor never (re)subscribed", now)
+            deadline = self._executor_deadline(ex)
+            if deadline is None or now < deadline:
+                continue
+            if ex.stop_retry_at is not None:
+                ex.stop_retry_at = None
+                cmds.append(self._stop_command(ex))
+            elif self._recovery_deadline is not None and ex.pid > 0:
+                cmds += self._executor_gone(ex, TaskStatus.REASON_EXECUTOR_REREGISTRATION_TIMEOUT,
+                                            "the executor never re-subscribed")
+            else:
+                cmds += self._executor_gone(ex, TaskStatus.REASON_EXECUTOR_REGISTRATION_TIMEOUT,
+                                            "the executor never subscribed")
         cmds += self._updates(self.updates.tick(now))
         return cmds
 
+    def _executor_deadline(self, ex: Executor) -> float | None:
+        if ex.stop_retry_at is not None:
+            return ex.stop_retry_at
+        if ex.peer is not None or ex.exited or tasks.is_terminal(ex.state):
+            return None
+        if self._recovery_deadline is not None and ex.pid > 0:
+            return self._recovery_deadline
+        return ex.launched_at + EXECUTOR_REGISTRATION_TIMEOUT_S
+
     def next_deadline(self) -> float | None:
-        return self.updates.next_deadline()
+        """When tick() has something to do next (None: only events make work): a status
+        update (re)send, a registration retry, an executor's (re-)registration timeout, a
+        retry to stop a gone executor's containers."""
+        times = [t for t in (self._executor_deadline(ex) for ex in self.executors.values())
+                 if t is not None]
+        if self.registration is Registration.REGISTERING and self._register_at is not None:
+            times.append(self._register_at)
+        updates = self.updates.next_deadline()
+        if updates is not None:
+            times.append(updates)
+        return min(times, default=None)
 
     def validate(self) -> None:
         assert set(self.by_task.values()) == set(self.executors)
         for key, ex_id in self.by_task.items():
             ex = self.executors[ex_id]
             assert key == (ex.framework_id, ex.task_id)
+            assert not ex.stopping or (ex.exited and ex.peer is None), "stopping: gone"
+            assert ex.stop_retry_at is None or ex.stopping, "a stop retry only while stopping"
+        if self.registration is Registration.REFUSED:
+            assert self.updates.paused, "nothing is forwarded to another cluster's master"
+        assert self.scan is Scan.WAITING or self.cluster_id, "a scan needs the cluster id"
         self.updates.validate()
 
 
-__all__ = ["AgentCore", "Command", "Executor", "FetchLogs", "LaunchExecutor", "Registration",
-           "SaveAgentId", "SaveState", "ToExecutor", "ToMaster"]
+__all__ = ["AgentCore", "Command", "Executor", "FetchLogs", "LaunchExecutor", "LeaveMaster",
+           "Registration", "RemoveContainers", "SaveAgentId", "SaveClusterId", "SaveState",
+           "Scan", "ScanContainers", "StopContainers", "ToExecutor", "ToMaster"]

@@ -1,20 +1,21 @@
 """The agent's shell: finds the leading master, registers, runs the AgentCore's commands —
 launching executors through the fork-server, the executor ROUTER (a stable local endpoint,
 so executors find a restarted agent), group-committed status-update checkpoints, executor
-pid watch, orphan container cleanup after a restart — and serves /health /state /metrics."""
+pid watch, container work (list, stop, remove, logs) on a worker thread, one timer re-armed
+from the core's next deadline — and serves /health /state /metrics."""
 
 from __future__ import annotations
 
 import json
 import os
 import socket
-import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-import zmq
 from google.protobuf.json_format import MessageToDict
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -23,30 +24,34 @@ from opentelemetry.trace import Span, StatusCode
 from schemas import common_pb2
 from services.agent import status_updates as su
 from services.agent.checkpoint import AgentCheckpoint, StatusUpdateLog
-from services.agent.core import (
-    AgentCore,
+from services.agent.commands import (
     Command,
     FetchLogs,
     LaunchExecutor,
-    Registration,
+    LeaveMaster,
+    RemoveContainers,
     SaveAgentId,
+    SaveClusterId,
     SaveState,
+    ScanContainers,
+    StopContainers,
     ToExecutor,
     ToMaster,
 )
+from services.agent.core import AgentCore, Registration
 from services.agent.launcher import ExecutorLauncher
 from services.bus import codec
 from services.bus.election import LeaderChanged, detector_from_url
 from services.bus.epoch import EpochFence
 from services.bus.log import get_logger
 from services.bus.mailbox import Mailbox
-from services.bus.peer import DealerClient, HeartbeatConfig, RouterServer, Sender
+from services.bus.peer import DealerClient, HeartbeatConfig, RouterServer
 from services.bus.reactor import Reactor
-from services.bus.stats import Stats
-from services.executor.runtime import Runtime, Stream
+from services.executor.runtime import LABEL_EXECUTOR, Logs, Stream, make_runtime
 from services.procs import pid_alive
 from services.resources import Resources
-from services.shell.http import Response, StatusServer, json_response, text_response
+from services.shell.http import Response, json_response
+from services.shell.service import ServiceKit
 from services.telemetry import extract, span_traceparent
 from services.telemetry import spans as sp
 
@@ -55,6 +60,7 @@ log = get_logger("agent")
 MASTER = codec.Role.Value("ROLE_MASTER")
 DEFAULT_RESOURCES = "cpus:{cpus};mem:{mem};disk:10240;ports:[31000-32000]"
 PID_WATCH_INTERVAL = 0.5
+CoreEvent = Callable[[float], list[Command]]  # a core call, made on the reactor thread
 
 
 def detect_resources() -> str:
@@ -98,32 +104,21 @@ class AgentConfig:
     max_missed: int = 5
 
 
-def make_runtime(name: str, work_dir: Path) -> Runtime:
-    if name == "docker":
-        from services.executor.docker_runtime import DockerRuntime
-
-        return DockerRuntime()
-    if name == "process":
-        from services.executor.process_runtime import ProcessRuntime
-
-        return ProcessRuntime(work_dir / "sandboxes")
-    raise ValueError(f"unknown runtime {name!r}: docker or process")
-
-
-class AgentShell:
+class AgentShell(ServiceKit):
     def __init__(self, config: AgentConfig, reactor: Reactor | None = None) -> None:
+        checkpoint = AgentCheckpoint(config.work_dir)  # (makes the work dir)
+        agent_id = checkpoint.load_agent_id() or ""
+        super().__init__("agent", agent_id or f"agent-{config.hostname}",
+                         codec.Role.Value("ROLE_AGENT"), host=config.host,
+                         http_port=config.http_port,
+                         heartbeat_interval=config.heartbeat_interval,
+                         max_missed=config.max_missed, reactor=reactor)
         self.config = config
-        self.reactor = reactor or Reactor()
-        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        self.stats = Stats()
-        config.work_dir.mkdir(parents=True, exist_ok=True)
-        self.checkpoint = AgentCheckpoint(config.work_dir)
+        self.checkpoint = checkpoint
         self.update_log = StatusUpdateLog(config.work_dir)
-        agent_id = self.checkpoint.load_agent_id() or ""
+        cluster_id = self.checkpoint.load_cluster_id() or ""
         state = self.checkpoint.load_state()
         records = self.update_log.load()
-        self.sender = Sender(agent_id or f"agent-{config.hostname}", codec.Role.Value("ROLE_AGENT"))
-        beat = HeartbeatConfig(config.heartbeat_interval, config.max_missed)
         port_file = config.work_dir / "executor_port"
         port = int(port_file.read_text()) if port_file.exists() else 0
         # A stable loopback port kept in the work dir: executors find a restarted agent.
@@ -133,17 +128,21 @@ class AgentShell:
             name="executors")
         if not port:
             port_file.write_text(self.executors.endpoint.rsplit(":", 1)[1])
-        self.http = StatusServer(self.reactor, config.host, config.http_port, {
-            "/health": self._http_health, "/state": self._http_state,
-            "/metrics": self._http_metrics})
+        http = self.start_http({"/state": self._http_state})
         info = common_pb2.AgentInfo(agent_id=agent_id, hostname=config.hostname,
-                                    address=config.host, endpoint=self.http.url,
+                                    address=config.host, endpoint=http.url,
                                     version="offerbus-0.1")
         info.resources.extend(Resources.parse(config.resources).to_proto())
         info.attributes.extend(parse_attributes(config.attributes))
-        now = time.time()
-        self.core = AgentCore(info, now=now, recovered=state, records=records)
-        self.runtime = make_runtime(config.runtime, config.work_dir)
+        now = self.driver.now()
+        self.core = AgentCore(info, now=now, recovered=state, records=records,
+                              cluster_id=cluster_id)
+        self.runtime = make_runtime(config.runtime, config.work_dir / "sandboxes")
+        # Container engine calls (stop, list, remove, logs) block: one worker thread makes
+        # them and hands each result back to the reactor as a core event.
+        self._containers_pool = ThreadPoolExecutor(1, thread_name_prefix="containers")
+        self._results: Mailbox[CoreEvent] = Mailbox()
+        self.reactor.add_reader(self._results, self._on_results)
         self.launcher = ExecutorLauncher(config.work_dir)
         # Launching blocks on the fork server's answer: a worker thread does it, so the
         # reactor keeps answering executors and the master while a batch of tasks starts.
@@ -155,20 +154,21 @@ class AgentShell:
         self.fence = EpochFence(frozenset({MASTER}))
         self.master = DealerClient(
             self.reactor, self.ctx, self.sender, self._on_master,
-            on_connected=self._master_connected, on_gone=self._master_gone, heartbeat=beat,
+            on_connected=self._master_connected, on_gone=self._master_gone, heartbeat=self.beat,
             stats=self.stats, fence=self.fence, name="master")
         self.detector = detector_from_url(config.cluster_url, "master")
         self.reactor.add_reader(self.detector, self._on_leader)
         self._pending: list[su.Checkpoint] = []
-        self.reactor.on_idle(self._commit)
-        self.reactor.every(0.1, self._tick)
+        self._register_handlers()
+        self._register_metrics()
+        self.driver.attach(self.core)  # the one timer, at the core's next deadline
+        self.reactor.on_idle(self._after_wakeup)
         self.reactor.every(PID_WATCH_INTERVAL, self._watch_pids)
-        if state is not None:
-            self._remove_orphans()
         self.detector.start()
-        log.info("agent started", id=agent_id or "(new)", hostname=config.hostname,
+        log.info("agent started", id=agent_id or "(new)", cluster=cluster_id or "(unknown)",
+                 hostname=config.hostname,
                  resources=config.resources, executors=self.executors.endpoint,
-                 http=self.http.url, recovered_tasks=len(self.core.executors))
+                 http=http.url, recovered_tasks=len(self.core.executors))
 
     # -- master ----------------------------------------------------------------------------
     def _on_leader(self) -> None:
@@ -179,7 +179,7 @@ class AgentShell:
             if leader is None or "front" not in leader.endpoints:
                 log.warning("no leading master")
                 self.master.disconnect()
-                self._run(self.core.master_lost(time.time()))
+                self._run(self.core.master_lost(self.driver.now()))
                 continue
             self.fence.observe(MASTER, leader.epoch)
             log.info("leading master", id=leader.member_id, epoch=leader.epoch,
@@ -187,14 +187,14 @@ class AgentShell:
             self.master.connect(leader.endpoints["front"])
 
     def _master_connected(self) -> None:
-        self._run(self.core.master_detected(time.time()))
+        self._run(self.core.master_detected(self.driver.now()))
 
     def _master_gone(self) -> None:
-        self._run(self.core.master_lost(time.time()))
+        self._run(self.core.master_lost(self.driver.now()))
 
     def _on_master(self, env: codec.Envelope) -> None:
         kind = codec.payload_kind(env)
-        now = time.time()
+        now = self.driver.now()
         if kind == "agent_event":
             event = env.agent_event
             if event.WhichOneof("event") == "run_tasks":
@@ -212,12 +212,12 @@ class AgentShell:
         if codec.payload_kind(env) != "executor_call":
             self.stats.inc("frames_dropped{reason=unexpected}")
             return
-        self._run(self.core.executor_call(peer, env.executor_call, time.time()))
+        self._run(self.core.executor_call(peer, env.executor_call, self.driver.now()))
 
     def _launch(self, cmd: LaunchExecutor) -> None:
         argv = ["--agent", self.executors.endpoint, "--executor-id", cmd.executor_id,
                 "--framework-id", cmd.framework_id, "--task-id", cmd.task_id,
-                "--agent-id", self.core.agent_id,
+                "--agent-id", self.core.agent_id, "--cluster-id", cmd.cluster_id,
                 "--work-dir", str(self.config.work_dir / "sandboxes" / cmd.executor_id),
                 "--runtime", self.config.runtime]
         # The `run` span (under the master's launch span) lasts until the executor is
@@ -251,38 +251,74 @@ class AgentShell:
             if isinstance(result, Exception):
                 log.error("executor launch failed", executor=executor_id, error=repr(result))
                 self._run(self.core.executor_launch_failed(executor_id, str(result),
-                                                           time.time()))
+                                                           self.driver.now()))
             else:
                 self.stats.inc("executors_launched")
                 self._run(self.core.executor_launched(executor_id, result))
 
     def _watch_pids(self) -> None:
-        now = time.time()
+        now = self.driver.now()
         for ex in list(self.core.executors.values()):
             if ex.pid and not ex.exited and not pid_alive(ex.pid):
                 log.info("executor exited", executor=ex.executor_id, pid=ex.pid)
                 self._run(self.core.executor_exited(ex.executor_id, now))
 
-    def _remove_orphans(self) -> None:
-        """Containers of this agent that no executor owns any more are killed and removed."""
-        if not self.core.agent_id:
-            return
-        known = set(self.core.executors)
-        try:
-            handles = self.runtime.find({"org.offerbus.agent_id": self.core.agent_id})
-        except Exception as exc:
-            log.warning("orphan scan failed", error=repr(exc))
-            return
-        for handle in handles:
-            if handle.labels.get("org.offerbus.executor_id") not in known:
-                log.warning("removing orphan container", id=handle.id, labels=handle.labels)
-                try:
-                    self.runtime.kill(handle, 0.0)
-                    self.runtime.remove(handle)
-                except Exception as exc:
-                    log.warning("orphan removal failed", id=handle.id, error=repr(exc))
+    # -- containers (on the worker thread) ---------------------------------------------------
+    def _in_worker(self, work: Callable[[], CoreEvent]) -> None:
+        """Run `work` on the containers thread; the core event it returns runs on the reactor."""
+        def job() -> None:
+            try:
+                event = work()
+            except Exception as exc:  # never lose the reactor's answer
+                log.error("container work failed", error=repr(exc))
+                return
+            self._results.put(event)
+        self._containers_pool.submit(job)
 
-    def _fetch_logs(self, cmd: FetchLogs) -> None:
+    def _on_results(self) -> None:
+        for event in self._results.drain():
+            try:
+                self._run(event(self.driver.now()))
+            except Exception as exc:  # one bad result never stops the reactor
+                self.stats.inc("handler_errors{handler=containers}")
+                log.error("container result failed", error=repr(exc))
+
+    def _stop_containers(self, cmd: StopContainers) -> CoreEvent:
+        """Kill and remove a gone executor's containers (found by their labels)."""
+        removed: list[str] = []
+        try:
+            for handle in self.runtime.find(cmd.labels):
+                self.runtime.remove(handle)
+                removed.append(handle.id)
+                log.info("stopped the container of a gone executor", container=handle.id[:12],
+                         executor=cmd.executor_id)
+        except Exception as exc:
+            error = repr(exc)
+            return lambda now: self.core.containers_stopped(cmd.executor_id, removed, error, now)
+        return lambda now: self.core.containers_stopped(cmd.executor_id, removed, "", now)
+
+    def _scan_containers(self, cmd: ScanContainers) -> CoreEvent:
+        try:
+            found = self.runtime.find(cmd.labels)
+        except Exception as exc:
+            error = repr(exc)
+            return lambda now: self.core.containers_found([], error, now)
+        return lambda now: self.core.containers_found(found, "", now)
+
+    def _remove_containers(self, cmd: RemoveContainers) -> CoreEvent:
+        removed: list[str] = []
+        errors: list[str] = []
+        for handle in cmd.handles:
+            log.warning("removing orphan container", id=handle.id[:12], name=handle.name,
+                        labels=dict(handle.labels))
+            try:
+                self.runtime.remove(handle)
+                removed.append(handle.name)
+            except Exception as exc:
+                errors.append(f"{handle.name}: {exc!r}")
+        return lambda now: self.core.orphans_removed(removed, errors)
+
+    def _fetch_logs(self, cmd: FetchLogs) -> CoreEvent:
         """A running task's output comes from its container; a finished one's from the copy
         its executor left in the sandbox (the container is removed when the task ends)."""
         req = cmd.request
@@ -293,10 +329,10 @@ class AgentShell:
         stream: Stream = "stderr" if req.stream == 2 else "stdout"
         limit = req.max_bytes or 1 << 20
         try:
-            handles = (self.runtime.find({"org.offerbus.executor_id": cmd.executor_id})
+            handles = (self.runtime.find({LABEL_EXECUTOR: cmd.executor_id})
                        if cmd.executor_id else [])
             if handles:
-                logs = self.runtime.logs(handles[0], stream, req.tail_lines or None, limit)
+                logs: Logs = self.runtime.logs(handles[0], stream, req.tail_lines or None, limit)
                 reply.data, reply.truncated = logs.data, logs.truncated
             else:
                 reply.data, reply.truncated = self._sandbox_logs(req.task_id, stream,
@@ -304,7 +340,11 @@ class AgentShell:
             reply.eof = True
         except Exception as exc:
             reply.error = str(exc)
-        self.master.send(call)
+
+        def send(now: float) -> list[Command]:
+            self.master.send(call)  # sockets only on the reactor thread
+            return []
+        return send
 
     def _sandbox_logs(self, task_id: str, stream: str, tail_lines: int,
                       limit: int) -> tuple[bytes, bool]:
@@ -320,30 +360,44 @@ class AgentShell:
             data = b"".join(data.splitlines(keepends=True)[-tail_lines:])
         return data[-limit:], len(data) > limit
 
-    # -- commands --------------------------------------------------------------------------
+    # -- commands, by type ----------------------------------------------------------------
     def _run(self, cmds: list[Command]) -> None:
-        for cmd in cmds:
-            if isinstance(cmd, su.Checkpoint):
-                self._pending.append(cmd)
-            elif isinstance(cmd, ToMaster):
-                env = codec.Envelope()
-                env.agent_call.CopyFrom(cmd.call)
-                if not self.master.send(env):
-                    self.stats.inc("master_calls_unsent")
-            elif isinstance(cmd, ToExecutor):
-                env = codec.Envelope()
-                env.executor_event.CopyFrom(cmd.event)
-                env.traceparent = cmd.traceparent
-                self.executors.send(cmd.peer, env)
-            elif isinstance(cmd, LaunchExecutor):
-                self._launch(cmd)
-            elif isinstance(cmd, SaveState):
-                self.checkpoint.save_state(cmd.state)
-            elif isinstance(cmd, SaveAgentId):
-                self.checkpoint.save_agent_id(cmd.agent_id)
-                self.sender.sender_id = cmd.agent_id
-            elif isinstance(cmd, FetchLogs):
-                self._fetch_logs(cmd)
+        self.driver.dispatch(cmds)
+
+    def _register_handlers(self) -> None:
+        on = self.driver.on
+        on(su.Checkpoint, lambda c: self._pending.append(c))  # (_commit swaps the list)
+        on(ToMaster, self._to_master)
+        on(ToExecutor, self._to_executor)
+        on(LaunchExecutor, self._launch)
+        on(SaveState, lambda c: self.checkpoint.save_state(c.state))
+        on(SaveAgentId, self._save_agent_id)
+        on(SaveClusterId, self._save_cluster_id)
+        on(LeaveMaster, lambda c: self.master.disconnect())
+        on(FetchLogs, lambda c: self._in_worker(partial(self._fetch_logs, c)))
+        on(StopContainers, lambda c: self._in_worker(partial(self._stop_containers, c)))
+        on(ScanContainers, lambda c: self._in_worker(partial(self._scan_containers, c)))
+        on(RemoveContainers, lambda c: self._in_worker(partial(self._remove_containers, c)))
+
+    def _to_master(self, cmd: ToMaster) -> None:
+        env = codec.Envelope()
+        env.agent_call.CopyFrom(cmd.call)
+        if not self.master.send(env):
+            self.stats.inc("master_calls_unsent")
+
+    def _to_executor(self, cmd: ToExecutor) -> None:
+        env = codec.Envelope()
+        env.executor_event.CopyFrom(cmd.event)
+        env.traceparent = cmd.traceparent
+        self.executors.send(cmd.peer, env)
+
+    def _save_agent_id(self, cmd: SaveAgentId) -> None:
+        self.checkpoint.save_agent_id(cmd.agent_id)
+        self.sender.sender_id = self.member_id = cmd.agent_id
+
+    def _save_cluster_id(self, cmd: SaveClusterId) -> None:
+        self.checkpoint.save_cluster_id(cmd.cluster_id)
+        log.info("cluster id checkpointed", cluster=cmd.cluster_id)
 
     def _commit(self) -> None:
         """Group commit: one fsync for every checkpoint record of this wake-up, then let
@@ -351,45 +405,45 @@ class AgentShell:
         while self._pending:
             batch, self._pending = self._pending, []
             self.update_log.append([c.record for c in batch])
-            now = time.time()
+            now = self.driver.now()
             for c in batch:
                 self._run(self.core.checkpointed(c.record, now))
 
-    def _tick(self) -> None:
-        self._run(self.core.tick(time.time()))
+    def _after_wakeup(self) -> None:
+        self._commit()
+        self.driver.rearm()
 
-    # -- HTTP ------------------------------------------------------------------------------
-    def _http_health(self, query: dict[str, list[str]]) -> Response:
-        body = {"service": "agent", "id": self.core.agent_id,
+    # -- HTTP and metrics ----------------------------------------------------------------
+    def health(self) -> dict[str, Any]:
+        return {"id": self.core.agent_id, "cluster_id": self.core.cluster_id,
                 "registration": self.core.registration.value,
                 "master_connected": self.master.connected}
-        return json_response(json.dumps(body).encode())
 
     def _http_state(self, query: dict[str, list[str]]) -> Response:
         state: dict[str, Any] = MessageToDict(self.core.state(), preserving_proto_field_name=True)
         state["registration"] = self.core.registration.value
         return json_response(json.dumps(state, sort_keys=True).encode())
 
-    def _http_metrics(self, query: dict[str, list[str]]) -> Response:
-        lines = [self.stats.prometheus("offerbus_agent_")]
-        registered = int(self.core.registration is Registration.REGISTERED)
-        lines.append(f"offerbus_agent_registered {registered}\n")
-        lines.append(f"offerbus_agent_executors {len(self.core.executors)}\n")
-        for name, n in sorted(self.core.updates.counts.items()):
-            lines.append(f'offerbus_agent_status_updates_total{{event="{name}"}} {n}\n')
-        return text_response("".join(lines))
+    def _register_metrics(self) -> None:
+        m = self.metrics
+        m.gauge("registered", "1 while the agent is registered with the leading master.",
+                value=lambda: float(self.core.registration is Registration.REGISTERED))
+        m.gauge("executors", "Executors the agent knows (running or being stopped).",
+                value=lambda: float(len(self.core.executors)))
+        m.labelled_counter("status_updates", "Status updates handled by the agent's status "
+                           "update manager, by event.", "event",
+                           lambda: {k: float(v) for k, v in self.core.updates.counts.items()})
 
-    def run(self) -> None:
-        self.reactor.run()
-
-    def close(self) -> None:
+    def close(self, linger_ms: int = 0) -> None:
         self._commit()
         self.reactor.remove_reader(self.detector)
         self.detector.close()
         self.master.close()
         self.executors.close()
-        self.http.close()
         self._launch_pool.shutdown(wait=True)
+        self._containers_pool.shutdown(wait=True)
+        self.reactor.remove_reader(self._results)
+        self._results.close()
         for span in self._run_spans.values():  # forks still unanswered: end them anyway
             span.end()
         self._run_spans.clear()
@@ -397,7 +451,7 @@ class AgentShell:
         self._launched.close()
         self.launcher.close()
         self.update_log.close()
-        self.ctx.destroy(linger=0)
+        super().close(linger_ms)
 
 
 __all__ = ["AgentConfig", "AgentShell", "detect_resources", "parse_attributes"]

@@ -460,6 +460,34 @@ class AllocatorCore:
             return None
         return max((f.expires_at for f in flts if f.refuses(offer, now)), default=None)
 
+    def next_filter_expiry(self, now: float) -> float | None:
+        """When the earliest decline filter still in force ends (its resources may then be
+        offered again), or None."""
+        return min((f.expires_at for by_agent in self.filters.values()
+                    for flts in by_agent.values() for f in flts if f.expires_at > now),
+                   default=None)
+
+    def roles_view(self) -> list[dict[str, object]]:
+        """Each role with a framework or a weight: its weight, frameworks, and its share of
+        the cluster per DRF resource (offered + used), the dominant one first."""
+        total = self.sorter.total
+        roles: dict[str, list[str]] = {r: [] for r in self.weights}
+        for fid, fw in sorted(self.frameworks.items()):
+            roles.setdefault(fw.role, []).append(fid)
+        out: list[dict[str, object]] = []
+        for role in sorted(roles):
+            used: dict[str, int] = {}
+            for fid in roles[role]:
+                for name, v in self.sorter.allocation(fid).items():
+                    used[name] = used.get(name, 0) + v
+            shares = {n: v / total[n] for n, v in sorted(used.items()) if total.get(n)}
+            dominant = max(shares, key=shares.__getitem__, default="")
+            out.append({"role": role, "weight": self.weights.get(role, 1.0),
+                        "frameworks": roles[role], "shares": shares,
+                        "dominant_resource": dominant,
+                        "dominant_share": shares.get(dominant, 0.0)})
+        return out
+
     def _expire_filters(self, now: float) -> None:
         while self._expiries and self._expiries[0][0] <= now:
             flt = heapq.heappop(self._expiries)[2]

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from schemas import bus_pb2, common_pb2, state_pb2
 from services import tasks as task_states
 from services.allocator.core import AllocatorCore, AllocatorError, Attributes
+from services.notice import Notice
 from services.resources import Resources
 
 REGISTERED = state_pb2.AgentRecord.Status.AGENT_STATUS_REGISTERED
@@ -71,7 +72,7 @@ class StreamFeed:
         self.applied: dict[str, TaskUse] = {}  # what the core holds as used
         self.waiting: set[str] = set()  # task keys not (yet) applied
         self._reported: set[str] = set()  # waiting keys whose failure was reported
-        self.anomalies: list[str] = []  # for the shell to log and count; it clears them
+        self.notices: list[Notice] = []  # for the shell to log and count; it drains them
 
     # -- input -----------------------------------------------------------------------------
     def reset(self, store: Mapping[str, bus_pb2.StateEntry]) -> None:
@@ -142,7 +143,7 @@ class StreamFeed:
             try:
                 self.core.agent_updated(agent_id, view.total)
             except AllocatorError as exc:  # it shrank under what is allocated: keep the old
-                self.anomalies.append(f"agent_update_refused: {exc}")
+                self.notices.append(Notice.of("agent_update_refused", f"{exc}", "warning"))
                 view = AgentView(view.hostname, old.total, view.attributes)
         # (hostname and attributes are read by the broker, not the allocation policy)
         self.agents[agent_id] = view
@@ -158,7 +159,7 @@ class StreamFeed:
             old = None
         if old is None:
             if not view.role:
-                self.anomalies.append(f"framework_ignored: {fid} has no role")
+                self.notices.append(Notice.of("framework_ignored", f"{fid} has no role", "warning"))
                 return False
             self.core.framework_added(fid, view.role, view.connected, view.suppressed_roles)
         else:
@@ -183,7 +184,7 @@ class StreamFeed:
         try:
             self.core.set_weight(role, weight)
         except AllocatorError as exc:
-            self.anomalies.append(f"weight_refused: {exc}")
+            self.notices.append(Notice.of("weight_refused", f"{exc}", "warning"))
             return False
         self.weights[role] = weight
         return True
@@ -208,7 +209,7 @@ class StreamFeed:
                     self.core.resources_released(have.agent_id, have.framework_id,
                                                  have.resources)
                 except AllocatorError as exc:
-                    self.anomalies.append(f"release_refused: {key}: {exc}")
+                    self.notices.append(Notice.of("release_refused", f"{key}: {exc}", "warning"))
         for key in sorted(keys):
             want = self.tasks.get(key)
             if want is None:
@@ -226,7 +227,7 @@ class StreamFeed:
                 self.waiting.add(key)
                 if key not in self._reported:
                     self._reported.add(key)
-                    self.anomalies.append(f"usage_waiting: {key}: {exc}")
+                    self.notices.append(Notice.of("usage_waiting", f"{key}: {exc}", "warning"))
                 continue
             changed = True
             self.applied[key] = want

@@ -9,8 +9,8 @@ import json
 import time
 from collections import Counter
 from dataclasses import dataclass
+from typing import Any
 
-import zmq
 from google.protobuf.json_format import MessageToDict
 from opentelemetry import trace
 
@@ -21,13 +21,12 @@ from services.bus import codec
 from services.bus.election import LeaderChanged, LeaderInfo, detector_from_url
 from services.bus.epoch import EpochFence
 from services.bus.log import get_logger
-from services.bus.peer import DealerClient, HeartbeatConfig, Sender
+from services.bus.peer import DealerClient
 from services.bus.reactor import Reactor, Timer
 from services.bus.statestream import StateSubscriber
-from services.bus.stats import Stats
 from services.bus.stream_core import Changed
-from services.shell.http import Response, StatusServer, json_response, text_response
-from services.shell.leader import LeaderLifecycle
+from services.shell.http import Response, json_response
+from services.shell.service import ServiceKit
 from services.telemetry import span_traceparent, spans
 
 log = get_logger("allocator")
@@ -53,18 +52,14 @@ class AllocatorConfig:
     max_missed: int = 5
 
 
-class AllocatorShell:
+class AllocatorShell(ServiceKit):
     def __init__(self, config: AllocatorConfig, reactor: Reactor | None = None) -> None:
+        super().__init__("allocator", config.allocator_id, Role.Value("ROLE_ALLOCATOR"),
+                         host=config.host, http_port=config.http_port,
+                         heartbeat_interval=config.heartbeat_interval,
+                         max_missed=config.max_missed, reactor=reactor)
         self.config = config
-        self.reactor = reactor or Reactor()
-        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        self.stats = Stats()
-        self.sender = Sender(config.allocator_id, Role.Value("ROLE_ALLOCATOR"))
-        self.beat = HeartbeatConfig(config.heartbeat_interval, config.max_missed)
-        self.http = StatusServer(self.reactor, config.host, config.http_port, {
-            "/health": self._http_health, "/metrics": self._http_metrics,
-            "/decisions": self._http_decisions})
-        self.endpoints = {"http": self.http.url}
+        self.start_http({"/decisions": self._http_decisions, "/roles": self._http_roles})
         # Leaders of the roles we talk to, known whether or not we lead.
         self.master: LeaderInfo | None = None
         self.broker: LeaderInfo | None = None
@@ -83,22 +78,17 @@ class AllocatorShell:
         self.decisions: dict[str, Decision] = {}  # latest per framework
         self._told: dict[str, tuple[str, str]] = {}  # (outcome, reason) the master last got
         self.last_cycle: tuple[int, float] = (0, 0.0)  # (cycle, wall time)
-        self.cycle_seconds = 0.0  # summed, with stats "allocation_cycles" for the mean
-        self.leaderships = 0
+        self._register_metrics()
         for detector, handler in ((self.masters, self._on_master),
                                   (self.brokers, self._on_broker)):
             self.reactor.add_reader(detector, handler)
             detector.start()
-        self.leader = LeaderLifecycle(self.reactor, config.election_url, "allocator",
-                                      config.allocator_id, self.endpoints,
-                                      lead=self._lead, step_down=self._step_down)
+        self.join_election(config.election_url, lead=self._lead, step_down=self._step_down)
         log.info("allocator started", id=config.allocator_id, **self.endpoints)
 
     # -- leadership ----------------------------------------------------------------------
     def _lead(self, epoch: int) -> None:
         """Start afresh: an empty core, rebuilt from the state stream (DESIGN §4)."""
-        self.sender.epoch = epoch
-        self.leaderships += 1
         self.core = AllocatorCore(id_prefix=f"a{epoch}-")
         self.feed = StreamFeed(self.core)
         self.decisions.clear()
@@ -265,8 +255,8 @@ class AllocatorShell:
         started_ns = time.time_ns()
         now = started_ns / 1e9
         cycle = core.allocate(now)
-        took = time.perf_counter() - started
-        self._account(cycle, now, took)
+        self._cycle_seconds.observe(time.perf_counter() - started)
+        self._account(cycle, now)
         if cycle.allocations:
             self._send(self._traced_allocations(cycle, started_ns))
         self._tell_decisions(cycle)
@@ -314,19 +304,15 @@ class AllocatorShell:
 
     def _wake_for_filters(self, core: AllocatorCore, now: float) -> None:
         """Filtered resources are offered again as their filter ends, not a sweep later."""
-        ends = min((f.expires_at for by_agent in core.filters.values()
-                    for flts in by_agent.values() for f in flts if f.expires_at > now),
-                   default=None)
+        ends = core.next_filter_expiry(now)
         if self._refilter is not None:
             self._refilter.cancel()
             self._refilter = None
         if ends is not None and ends - now < self.config.interval:
             self._refilter = self.reactor.call_later(ends - now + 0.001, self._allocate)
 
-    def _account(self, cycle: Cycle, now: float, took: float) -> None:
-        self.stats.inc("allocation_cycles")
+    def _account(self, cycle: Cycle, now: float) -> None:
         self.stats.inc("allocations", len(cycle.allocations))
-        self.cycle_seconds += took
         self.last_cycle = (cycle.cycle, now)
         for d in cycle.decisions:
             self.stats.inc(f"decisions{{outcome={d.outcome.name.lower()}}}")
@@ -342,24 +328,19 @@ class AllocatorShell:
             log.warning("send to broker failed", kind=msg.WhichOneof("kind"))
 
     def _log_anomalies(self) -> None:
-        if self.feed is None or not self.feed.anomalies:
+        if self.feed is None or not self.feed.notices:
             return
-        for text in self.feed.anomalies:
-            kind, _, detail = text.partition(": ")
-            self.stats.inc(f"stream_anomalies{{kind={kind}}}")
-            log.warning("state stream anomaly", kind=kind, detail=detail)
-        self.feed.anomalies.clear()
+        notices, self.feed.notices = self.feed.notices, []
+        self.driver.dispatch(notices)
 
-    # -- HTTP ----------------------------------------------------------------------------
-    def _http_health(self, query: dict[str, list[str]]) -> Response:
-        body = {"service": "allocator", "id": self.config.allocator_id,
-                "leading": self.core is not None, "epoch": self.leader.epoch,
-                "master": _who(self.master), "broker": _who(self.broker),
+    # -- HTTP and metrics ----------------------------------------------------------------
+    def health(self) -> dict[str, Any]:
+        return {"master": _who(self.master), "broker": _who(self.broker),
                 "synced": self.subscriber is not None and self.subscriber.synced,
-                "broker_connected": self.dealer is not None and self.dealer.connected,
-                "endpoints": self.endpoints}
-        return Response(200 if self.core is not None else 503, "application/json",
-                        json.dumps(body).encode())
+                "broker_connected": self.dealer is not None and self.dealer.connected}
+
+    def _epoch(self) -> int | None:
+        return self.leader.epoch if self.leader is not None else None
 
     def _http_decisions(self, query: dict[str, list[str]]) -> Response:
         """The latest cycle's decision per framework (`?framework=ID` for one)."""
@@ -367,44 +348,49 @@ class AllocatorShell:
         msg = internal_pb2.InternalMessage.AllocatorDecisions(decisions=[
             d.to_proto() for fid, d in sorted(self.decisions.items())
             if not wanted or fid in wanted])
-        body = {"leading": self.core is not None, "epoch": self.leader.epoch,
+        body = {"leading": self.core is not None, "epoch": self._epoch(),
                 "cycle": self.last_cycle[0], "decided_at": self.last_cycle[1],
                 "decisions": MessageToDict(msg, preserving_proto_field_name=True)
                 .get("decisions", [])}
         return json_response(json.dumps(body, sort_keys=True).encode())
 
-    def _http_metrics(self, query: dict[str, list[str]]) -> Response:
-        p = "offerbus_allocator_"
-        lines = [self.stats.prometheus(p),
-                 f"{p}elected {int(self.core is not None)}\n",
-                 f"{p}epoch {self.leader.epoch or 0}\n",
-                 f"{p}leaderships_total {self.leaderships}\n",
-                 f"{p}cycle_seconds_sum {self.cycle_seconds:.6f}\n",
-                 f"{p}cycle_seconds_count {self.stats.get('allocation_cycles')}\n"]
-        if self.core is not None:
-            outcomes = Counter(d.outcome.name.lower() for d in self.decisions.values())
-            lines += [f'{p}frameworks_by_outcome{{outcome="{o}"}} {n}\n'
-                      for o, n in sorted(outcomes.items())]
-            lines.append(f"{p}agents {len(self.core.agents)}\n")
-            lines.append(f"{p}frameworks {len(self.core.frameworks)}\n")
-            offered = sum(len(a.offered) for a in self.core.agents.values())
-            lines.append(f"{p}offered_allocations {offered}\n")
-            if self.feed is not None:
-                lines.append(f"{p}tasks_waiting {len(self.feed.waiting)}\n")
-        return text_response("".join(lines))
+    def _http_roles(self, query: dict[str, list[str]]) -> Response:
+        """Each role's weight, frameworks and shares (`offerbus roles`)."""
+        body = {"leading": self.core is not None, "epoch": self._epoch(),
+                "roles": self.core.roles_view() if self.core is not None else []}
+        return Response(200 if self.core is not None else 503, "application/json",
+                        json.dumps(body, sort_keys=True).encode())
+
+    def _register_metrics(self) -> None:
+        m = self.metrics
+        self._cycle_seconds = m.histogram(
+            "cycle_seconds", "Time one allocation cycle takes (the core's allocate()).")
+        m.labelled_gauge("frameworks_by_outcome", "Frameworks by the outcome of the latest "
+                         "allocation cycle.", "outcome", lambda: {
+                             o: float(n) for o, n in Counter(
+                                 d.outcome.name.lower() for d in self.decisions.values()
+                             ).items()} if self.core is not None else {})
+        m.gauge("agents", "Agents the leading allocator allocates.",
+                value=lambda: float(len(self.core.agents)) if self.core else 0.0)
+        m.gauge("frameworks", "Frameworks the leading allocator knows.",
+                value=lambda: float(len(self.core.frameworks)) if self.core else 0.0)
+        m.gauge("offered_allocations", "Allocations offered and not yet answered.",
+                value=lambda: float(sum(len(a.offered) for a in self.core.agents.values()))
+                if self.core else 0.0)
+        m.gauge("tasks_waiting", "Tasks on the state stream not yet counted as used.",
+                value=lambda: float(len(self.feed.waiting)) if self.feed else 0.0)
 
     # -- lifecycle -----------------------------------------------------------------------
-    def run(self) -> None:
-        self.reactor.run()
-
-    def close(self) -> None:
+    def close(self, linger_ms: int = 0) -> None:
         self._step_down("shutting down")
-        self.leader.close()
-        for detector in (self.masters, self.brokers):
-            self.reactor.remove_reader(detector)
-            detector.close()
-        self.http.close()
-        self.ctx.destroy(linger=0)
+
+        def close_detectors() -> None:
+            for detector in (self.masters, self.brokers):
+                self.reactor.remove_reader(detector)
+                detector.close()
+
+        self.on_close(close_detectors)
+        super().close(linger_ms)
 
 
 def _who(leader: LeaderInfo | None) -> str:

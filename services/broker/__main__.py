@@ -2,41 +2,36 @@
 
 from __future__ import annotations
 
-import argparse
 import socket
 import sys
+from typing import Any
 
-from services import telemetry
-from services.broker.core import DEFAULT_OFFER_TIMEOUT_S
+from services.broker.core import DEFAULT_LAUNCH_TIMEOUT_S, DEFAULT_OFFER_TIMEOUT_S
 from services.broker.shell import BrokerConfig, BrokerShell
-from services.shell.process import add_cluster_args, serve, setup
+from services.shell.config import Option
+from services.shell.process import main as run_service
+
+OPTIONS = (
+    Option("id", default=f"broker-{socket.gethostname()}", help="this broker's id"),
+    Option("port", int, 0, "ROUTER port the allocator connects to", minimum=0, maximum=65535),
+    Option("offer_timeout", float, DEFAULT_OFFER_TIMEOUT_S,
+           "seconds before an unanswered offer is rescinded (0 = never)", minimum=0),
+    Option("launch_timeout", float, DEFAULT_LAUNCH_TIMEOUT_S,
+           "seconds a launch may go unanswered (and its tasks unseen on the state stream) "
+           "before it counts as refused", minimum=0),
+)
+
+
+def build(v: dict[str, Any]) -> BrokerShell:
+    return BrokerShell(BrokerConfig(
+        broker_id=v["id"], election_url=v["cluster"], host=v["host"], port=v["port"],
+        http_port=v["http_port"], offer_timeout=v["offer_timeout"],
+        launch_timeout=v["launch_timeout"], heartbeat_interval=v["heartbeat"],
+        max_missed=v["max_missed"]))
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="offerbus-broker", description=__doc__)
-    add_cluster_args(ap)
-    ap.add_argument("--id", default=f"broker-{socket.gethostname()}", help="this broker's id")
-    ap.add_argument("--port", type=int, default=0, help="ROUTER port the allocator connects to")
-    ap.add_argument("--http-port", type=int, default=0, help="/health /metrics")
-    ap.add_argument("--offer-timeout", type=float, default=DEFAULT_OFFER_TIMEOUT_S,
-                    help="seconds before an unanswered offer is rescinded (0 = never)")
-    ap.add_argument("--launch-timeout", type=float, default=60.0,
-                    help="seconds a launch may go unanswered (and its tasks unseen on the "
-                         "state stream) before it counts as refused")
-    ap.add_argument("--heartbeat", type=float, default=1.0, help="seconds between beats")
-    ap.add_argument("--max-missed", type=int, default=5, help="beats missed before a peer is gone")
-    args = ap.parse_args(argv)
-    setup("broker", args.log_level)
-    telemetry.setup("offerbus-broker", id=args.id)
-    try:
-        shell = BrokerShell(BrokerConfig(
-            broker_id=args.id, election_url=args.cluster, host=args.host, port=args.port,
-            http_port=args.http_port, offer_timeout=args.offer_timeout,
-            launch_timeout=args.launch_timeout, heartbeat_interval=args.heartbeat,
-            max_missed=args.max_missed))
-        return serve(shell)
-    finally:
-        telemetry.shutdown()  # flush the last spans (rescinds on the way out)
+    return run_service("broker", OPTIONS, build, argv, __doc__)
 
 
 if __name__ == "__main__":

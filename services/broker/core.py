@@ -1,9 +1,13 @@
 """The offer-broker's pure core: owns the table of outstanding offers (ids, expiry, state),
-turns allocations into offers and ACCEPT/DECLINE/timeouts into launches and recoveries.
+turns allocations into offers and ACCEPT/DECLINE/timeouts into launches and recoveries, and
+makes every decision the broker takes: which launches the master will not answer
+(launches.py), what a new allocator or master means, what the state stream says of agents,
+frameworks and tasks (stream.py), and when allocations wait for that stream.
 
 No sockets, no clock, no threads: each event method takes decoded inputs and `now` (Unix
 seconds, the shell's wall clock, because `expires_at_us` goes to frameworks) and returns
-commands (small frozen dataclasses, each with `to_proto()` giving the InternalMessage to send).
+commands (commands.py) and Notices (what it decided or found odd; not sent). The shell
+calls `tick(now)` at `next_deadline()`: offer expiry and launch deadlines.
 
 Where resources go. Every allocation the broker takes becomes one offer; every offer ends
 in exactly one of: a LaunchRequest (its tasks' resources come back later as a Recovery
@@ -25,371 +29,55 @@ Failover, who does what:
   everything it had allocated as recovered; launches the old broker had asked for show up
   (or not) as tasks on the master's state stream. Hence no Recovery on `rescind_all`: it
   would be counted twice.
+- A NEW ALLOCATOR (a higher epoch) likewise counts every resource free: the broker rescinds
+  what the old one allocated, without Recovery. Pending launches stay.
 """
 
 from __future__ import annotations
 
-import enum
-import heapq
 import math
-from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from schemas import common_pb2, internal_pb2, scheduler_pb2
+from schemas import common_pb2, internal_pb2
+from services.broker import stream
+from services.broker.commands import (
+    AcceptRejected,
+    Command,
+    Decision,
+    LaunchRequest,
+    Offer,
+    RecoverResources,
+    Recovery,
+    Rescind,
+    SendOffers,
+    Verdict,
+    coalesce,
+)
+from services.broker.launches import LaunchTracker, PendingLaunch
+from services.broker.stream import AgentView
+from services.broker.table import HISTORY_SIZE, OfferState, OfferTable
+from services.broker.validation import (
+    Invalid,
+    check_operations,
+    failed_check,
+    overlap,
+    refuse_seconds,
+    task_ids,
+)
+from services.bus.stream_core import StateEntry
+from services.notice import Notice
 from services.resources import UNRESERVED, Resources
 
 DEFAULT_OFFER_TIMEOUT_S = 30.0
-DEFAULT_REFUSE_SECONDS = 5.0
-MAX_REFUSE_SECONDS = 365 * 24 * 3600.0  # an absurd filter is capped, as Mesos does
-HISTORY_SIZE = 65536  # ended offers remembered, to say "expired" rather than "unknown"
+DEFAULT_LAUNCH_TIMEOUT_S = 60.0
+MAX_HELD = 4096  # allocations held while the state stream syncs; beyond, handed back
 
 RescindReason = common_pb2.RescindReason
 RejectReason = common_pb2.RejectReason
-Recover = internal_pb2.InternalMessage.RecoverResources
-RecoverReason = Recover.Reason
+RecoverReason = internal_pb2.InternalMessage.RecoverResources.Reason
 
 
-class IllegalTransition(Exception):
-    """A bug: the core asked to move an offer along an edge the lifecycle does not have."""
-
-
-class OfferState(enum.Enum):
-    OFFERED = "offered"  # outstanding at its framework
-    LAUNCHING = "launching"  # used by a valid ACCEPT; its LaunchRequest awaits the master
-    # Terminal: the offer has left the table.
-    LAUNCHED = "launched"  # the master launched it
-    LAUNCH_FAILED = "launch failed"  # the master refused the launch
-    ACCEPTED = "accepted"  # used by a valid ACCEPT with no operations
-    DECLINED = "declined"
-    EXPIRED = "expired"
-    RESCINDED = "rescinded"
-    REJECTED = "used by a rejected accept"
-    ABANDONED = "abandoned"  # launching when the table was dropped (rescind_all)
-
-
-_TRANSITIONS: dict[OfferState, frozenset[OfferState]] = {
-    OfferState.OFFERED: frozenset({
-        OfferState.LAUNCHING, OfferState.ACCEPTED, OfferState.DECLINED, OfferState.EXPIRED,
-        OfferState.RESCINDED, OfferState.REJECTED,
-    }),
-    OfferState.LAUNCHING: frozenset({
-        OfferState.LAUNCHED, OfferState.LAUNCH_FAILED, OfferState.ABANDONED,
-    }),
-}
-LIVE_STATES = frozenset(_TRANSITIONS)
-
-
-# ---------------------------------------------------------------------------------------
-# Records and commands.
-
-
-@dataclass(frozen=True)
-class Offer:
-    offer_id: str
-    framework_id: str
-    agent_id: str
-    hostname: str
-    resources: Resources
-    role: str
-    created_at: float
-    expires_at: float  # math.inf = never
-    allocation_id: str = ""
-    traceparent: str = ""
-    attributes: tuple[common_pb2.Attribute, ...] = ()
-
-    def to_proto(self) -> common_pb2.Offer:
-        return common_pb2.Offer(
-            offer_id=self.offer_id, framework_id=self.framework_id, agent_id=self.agent_id,
-            hostname=self.hostname, resources=self.resources.to_proto(),
-            attributes=self.attributes,
-            expires_at_us=0 if math.isinf(self.expires_at) else int(self.expires_at * 1e6),
-            allocation_id=self.allocation_id, traceparent=self.traceparent,
-        )
-
-
-@dataclass(frozen=True)
-class PendingLaunch:
-    """A validated ACCEPT whose LaunchRequest awaits the master's LaunchResult."""
-
-    request_id: str
-    framework_id: str
-    agent_id: str
-    offer_ids: tuple[str, ...]
-    resources: Resources  # what the tasks use: held until the master answers
-    task_ids: tuple[str, ...]
-    created_at: float
-
-
-def _framework_event(framework_id: str,
-                     event: scheduler_pb2.SchedulerEvent) -> internal_pb2.InternalMessage:
-    return internal_pb2.InternalMessage(
-        framework_event=internal_pb2.InternalMessage.FrameworkEvent(
-            framework_id=framework_id, event=event))
-
-
-@dataclass(frozen=True)
-class SendOffers:
-    """To the framework through the master: new offers (one command per framework)."""
-
-    framework_id: str
-    offers: tuple[Offer, ...]
-
-    def to_proto(self) -> internal_pb2.InternalMessage:
-        ev = scheduler_pb2.SchedulerEvent(offers=scheduler_pb2.SchedulerEvent.Offers(
-            offers=[o.to_proto() for o in self.offers]))
-        return _framework_event(self.framework_id, ev)
-
-
-@dataclass(frozen=True)
-class Rescind:
-    """To the framework through the master: these offers are gone."""
-
-    framework_id: str
-    offer_ids: tuple[str, ...]
-    reason: int  # RescindReason
-    message: str = ""
-
-    def to_proto(self) -> internal_pb2.InternalMessage:
-        ev = scheduler_pb2.SchedulerEvent(rescind=scheduler_pb2.SchedulerEvent.Rescind(
-            offer_ids=self.offer_ids, reason=self.reason, message=self.message))  # type: ignore[arg-type]
-        return _framework_event(self.framework_id, ev)
-
-
-@dataclass(frozen=True)
-class AcceptRejected:
-    """To the framework through the master: its ACCEPT launched nothing, and why."""
-
-    framework_id: str
-    offer_ids: tuple[str, ...]
-    task_ids: tuple[str, ...]
-    reason: int  # RejectReason
-    message: str
-
-    def to_proto(self) -> internal_pb2.InternalMessage:
-        ev = scheduler_pb2.SchedulerEvent(
-            accept_rejected=scheduler_pb2.SchedulerEvent.AcceptRejected(
-                offer_ids=self.offer_ids, task_ids=self.task_ids,
-                reason=self.reason, message=self.message))  # type: ignore[arg-type]
-        return _framework_event(self.framework_id, ev)
-
-
-@dataclass(frozen=True)
-class LaunchRequest:
-    """To the master: a validated ACCEPT. `traceparents` are the offers', for span links."""
-
-    request_id: str
-    framework_id: str
-    agent_id: str
-    offer_ids: tuple[str, ...]
-    operations: tuple[common_pb2.Operation, ...]
-    traceparents: tuple[str, ...] = ()
-
-    def to_proto(self) -> internal_pb2.InternalMessage:
-        return internal_pb2.InternalMessage(
-            launch_request=internal_pb2.InternalMessage.LaunchRequest(
-                request_id=self.request_id, framework_id=self.framework_id,
-                agent_id=self.agent_id, offer_ids=self.offer_ids, operations=self.operations))
-
-
-@dataclass(frozen=True)
-class Recovery:
-    framework_id: str
-    agent_id: str
-    resources: Resources
-    reason: int  # RecoverResources.Reason
-    refuse_seconds: float = 0.0  # resolved: 0 = no filter
-    offer_id: str = ""
-    allocation_id: str = ""
-    task_ids: tuple[str, ...] = ()
-
-    def to_proto(self) -> Recover.Recovery:
-        return Recover.Recovery(
-            framework_id=self.framework_id, agent_id=self.agent_id,
-            resources=self.resources.to_proto(), reason=self.reason,  # type: ignore[arg-type]
-            filters=common_pb2.Filters(refuse_seconds=self.refuse_seconds),
-            offer_id=self.offer_id, allocation_id=self.allocation_id, task_ids=self.task_ids)
-
-
-@dataclass(frozen=True)
-class RecoverResources:
-    """To the allocator: resources no longer offered (one command per step)."""
-
-    recoveries: tuple[Recovery, ...]
-
-    def to_proto(self) -> internal_pb2.InternalMessage:
-        return internal_pb2.InternalMessage(
-            recover_resources=Recover(recoveries=[r.to_proto() for r in self.recoveries]))
-
-
-@dataclass(frozen=True)
-class Anomaly:
-    """For the shell to log and count: input the core ignored or corrected. Not sent."""
-
-    kind: str
-    message: str
-
-
-Command = SendOffers | Rescind | AcceptRejected | LaunchRequest | RecoverResources | Anomaly
-
-
-def coalesce(commands: Iterable[Command]) -> list[Command]:
-    """Batch the commands of several steps (a shell's drain): one SendOffers per framework,
-    one Rescind per (framework, reason), one RecoverResources. An offer both sent and
-    rescinded within the batch is never shown to its framework (its Recovery stays)."""
-    cmds = list(commands)
-    sent = {o.offer_id for c in cmds if isinstance(c, SendOffers) for o in c.offers}
-    rescinded = {i for c in cmds if isinstance(c, Rescind) for i in c.offer_ids}
-    unseen = sent & rescinded
-    offers: dict[str, list[Offer]] = {}
-    rescinds: dict[tuple[str, int], tuple[list[str], str]] = {}
-    recoveries: list[Recovery] = []
-    launches: list[Command] = []
-    rejects: list[Command] = []
-    anomalies: list[Command] = []
-    for c in cmds:
-        if isinstance(c, SendOffers):
-            offers.setdefault(c.framework_id, []).extend(
-                o for o in c.offers if o.offer_id not in unseen)
-        elif isinstance(c, Rescind):
-            ids, _msg = rescinds.setdefault((c.framework_id, c.reason), ([], c.message))
-            ids.extend(i for i in c.offer_ids if i not in unseen)
-        elif isinstance(c, RecoverResources):
-            recoveries.extend(c.recoveries)
-        elif isinstance(c, LaunchRequest):
-            launches.append(c)
-        elif isinstance(c, AcceptRejected):
-            rejects.append(c)
-        else:
-            anomalies.append(c)
-    out: list[Command] = [*launches]
-    out += [Rescind(fw, tuple(ids), reason, msg)
-            for (fw, reason), (ids, msg) in rescinds.items() if ids]
-    out += rejects
-    out += [SendOffers(fw, tuple(os)) for fw, os in offers.items() if os]
-    if recoveries:
-        out.append(RecoverResources(tuple(recoveries)))
-    return out + anomalies
-
-
-# ---------------------------------------------------------------------------------------
-# Resource helpers.
-
-
-def _positive(r: Resources) -> bool:
-    return (any(v > 0 for v in r.scalars.values()) or any(r.ranges.values())
-            or any(r.sets.values()))
-
-
-def _overlap(a: Resources, b: Resources) -> bool:
-    """Whether a and b share a port (range value) or set item, whatever their roles."""
-    a, b = a.with_role(UNRESERVED), b.with_role(UNRESERVED)
-    return any(lo <= bhi and blo <= hi
-               for k, rs in b.ranges.items() for blo, bhi in rs
-               for lo, hi in a.ranges.get(k, ())) or any(
-        items & a.sets.get(k, frozenset()) for k, items in b.sets.items())
-
-
-def refuse_seconds(filters: common_pb2.Filters | None) -> float:
-    """The filter a decline/accept installs: unset = 5 s, 0 = none, nonsense = default."""
-    if filters is None or not filters.HasField("refuse_seconds"):
-        return DEFAULT_REFUSE_SECONDS
-    value = filters.refuse_seconds
-    if math.isnan(value) or value < 0:
-        return DEFAULT_REFUSE_SECONDS
-    return min(value, MAX_REFUSE_SECONDS)
-
-
-class _Invalid(Exception):
-    def __init__(self, reason: int, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
-
-
-def _check_task(task: common_pb2.TaskInfo, agent_id: str, seen: set[str]) -> Resources:
-    """One task of a Launch: returns its resources, or raises _Invalid naming the check."""
-    tid = task.task_id
-    if not tid:
-        raise _Invalid(RejectReason.REJECT_REASON_TASK_INVALID, "a task has an empty task_id")
-    if tid in seen:
-        raise _Invalid(RejectReason.REJECT_REASON_TASK_INVALID,
-                       f"duplicate task id {tid!r} in one accept")
-    seen.add(tid)
-    if task.agent_id and task.agent_id != agent_id:
-        raise _Invalid(RejectReason.REJECT_REASON_TASK_INVALID,
-                       f"task {tid!r} names agent {task.agent_id!r}, offers are on {agent_id!r}")
-    try:
-        res = (Resources.from_proto(task.resources))
-    except ValueError as exc:
-        raise _Invalid(RejectReason.REJECT_REASON_TASK_INVALID,
-                       f"task {tid!r} has invalid resources: {exc}") from exc
-    if not _positive(res):
-        raise _Invalid(RejectReason.REJECT_REASON_TASK_INVALID, f"task {tid!r} has no resources")
-    ports = [rg for (n, _), rgs in res.ranges.items() if n == "ports" for rg in rgs]
-    for pm in task.container.docker.port_mappings:
-        if not any(lo <= pm.host_port <= hi for lo, hi in ports):
-            raise _Invalid(RejectReason.REJECT_REASON_TASK_INVALID,
-                           f"task {tid!r} maps host port {pm.host_port} outside its ports")
-    return res
-
-
-def check_operations(pool: Resources, operations: Sequence[common_pb2.Operation],
-                     agent_id: str, role: str) -> tuple[Resources, Resources]:
-    """Apply an ACCEPT's operations in order to the pooled offers. Returns (resources the
-    tasks use, the unused remainder), or raises _Invalid naming the failed check."""
-    seen: set[str] = set()
-    used = Resources()
-    for i, op in enumerate(operations):
-        kind = op.WhichOneof("operation")
-        if kind == "launch":
-            tasks = Resources.total(_check_task(t, agent_id, seen) for t in op.launch.tasks)
-            if not pool.contains(tasks):
-                raise _Invalid(RejectReason.REJECT_REASON_RESOURCES_EXCEEDED,
-                               f"operation {i} (launch): tasks need {tasks}, offers hold {pool}")
-            pool, used = pool - tasks, used + tasks
-        elif kind in ("reserve", "unreserve"):
-            items = op.reserve.resources if kind == "reserve" else op.unreserve.resources
-            try:
-                res = (Resources.from_proto(items))
-            except ValueError as exc:
-                raise _Invalid(RejectReason.REJECT_REASON_TASK_INVALID,
-                               f"operation {i} ({kind}): invalid resources: {exc}") from exc
-            roles = {k[1] for k in (*res.scalars, *res.ranges, *res.sets)}
-            if not _positive(res) or UNRESERVED in roles:
-                raise _Invalid(RejectReason.REJECT_REASON_TASK_INVALID,
-                               f"operation {i} ({kind}): needs reserved, non-empty resources")
-            if roles != {role}:
-                raise _Invalid(RejectReason.REJECT_REASON_UNAUTHORIZED,
-                               f"operation {i} ({kind}): roles {sorted(roles)}, "
-                               f"framework's offers are for role {role!r}")
-            take, give = (res.with_role(UNRESERVED), res) if kind == "reserve" else (
-                res, res.with_role(UNRESERVED))
-            if not pool.contains(take):
-                raise _Invalid(RejectReason.REJECT_REASON_RESOURCES_EXCEEDED,
-                               f"operation {i} ({kind}): {take} not in the offers ({pool})")
-            pool = pool - take + give
-        else:
-            raise _Invalid(RejectReason.REJECT_REASON_TASK_INVALID,
-                           f"operation {i} has no kind")
-    return used, pool
-
-
-def _task_ids(operations: Sequence[common_pb2.Operation]) -> tuple[str, ...]:
-    ids = [t.task_id for op in operations if op.WhichOneof("operation") == "launch"
-           for t in op.launch.tasks]
-    return tuple(dict.fromkeys(ids))
-
-
-# ---------------------------------------------------------------------------------------
-# The core.
-
-
-@dataclass
-class _Agent:
-    hostname: str = ""
-    total: Resources | None = None  # None until the state stream told us
-    attributes: tuple[common_pb2.Attribute, ...] = ()
 
 
 @dataclass
@@ -398,125 +86,201 @@ class BrokerCore:
 
     prefix: str
     offer_timeout: float | None = DEFAULT_OFFER_TIMEOUT_S  # None or 0: offers never expire
+    launch_timeout: float | None = DEFAULT_LAUNCH_TIMEOUT_S  # see launches.py; None/0: never
     history_size: int = HISTORY_SIZE
-    _offers: dict[str, Offer] = field(default_factory=dict)  # live: OFFERED or LAUNCHING
-    _state: dict[str, OfferState] = field(default_factory=dict)
-    _history: OrderedDict[str, OfferState] = field(default_factory=OrderedDict)
-    _by_agent: dict[str, set[str]] = field(default_factory=dict)  # OFFERED only
-    _by_framework: dict[str, set[str]] = field(default_factory=dict)  # OFFERED only
-    _outstanding: dict[str, Resources] = field(default_factory=dict)  # per agent, OFFERED
-    _pending: dict[str, PendingLaunch] = field(default_factory=dict)
-    _live_allocations: set[str] = field(default_factory=set)
-    _agents: dict[str, _Agent] = field(default_factory=dict)
-    _expiry: list[tuple[float, str]] = field(default_factory=list)  # heap, lazy deletion
+    max_held: int = MAX_HELD
+    table: OfferTable = field(default_factory=OfferTable)
+    _launches: LaunchTracker = field(default_factory=LaunchTracker)
+    _agents: dict[str, AgentView] = field(default_factory=dict)  # registered, from the stream
+    _held: list[internal_pb2.Allocation] = field(default_factory=list)  # until synced
+    _synced: bool = False  # the state stream's copy is current
     _next_offer: int = 0
     _next_request: int = 0
+    allocator_epoch: int = 0  # the newest allocator leader seen (0: none yet)
+
+    def __post_init__(self) -> None:
+        self._launches.timeout = self.launch_timeout
+        self.table.history_size = self.history_size
 
     # -- views -------------------------------------------------------------------------
     def offer(self, offer_id: str) -> Offer | None:
-        return self._offers.get(offer_id)
+        return self.table.offers.get(offer_id)
 
     def state(self, offer_id: str) -> OfferState | None:
-        return self._state.get(offer_id) or self._history.get(offer_id)
+        return self.table.state(offer_id)
 
     def outstanding_offers(self) -> list[Offer]:
-        return [self._offers[i] for i, s in self._state.items() if s is OfferState.OFFERED]
+        return self.table.outstanding_offers()
 
     def outstanding(self, agent_id: str) -> Resources:
-        return self._outstanding.get(agent_id, Resources())
+        return self.table.outstanding(agent_id)
 
     @property
     def pending_launches(self) -> dict[str, PendingLaunch]:
-        return dict(self._pending)
+        return self._launches.pending()
+
+    def launch_deadline(self, request_id: str) -> float | None:
+        return self._launches.deadline(request_id)
+
+    @property
+    def master_epoch(self) -> int | None:
+        return self._launches.master_epoch
+
+    @property
+    def synced(self) -> bool:
+        return self._synced
+
+    @property
+    def held(self) -> int:
+        return len(self._held)
 
     def next_expiry(self) -> float | None:
-        """When the shell should call `tick` next (None: nothing will expire)."""
-        while self._expiry and self._state.get(self._expiry[0][1]) is not OfferState.OFFERED:
-            heapq.heappop(self._expiry)
-        return self._expiry[0][0] if self._expiry else None
+        """When the next outstanding offer expires (None: none will)."""
+        return self.table.next_expiry()
 
-    # -- the one place offers change state ---------------------------------------------
-    def _create(self, offer: Offer) -> None:
-        if offer.offer_id in self._state or offer.offer_id in self._history:
-            raise IllegalTransition(f"offer {offer.offer_id} created twice")
-        self._offers[offer.offer_id] = offer
-        self._state[offer.offer_id] = OfferState.OFFERED
-        self._by_agent.setdefault(offer.agent_id, set()).add(offer.offer_id)
-        self._by_framework.setdefault(offer.framework_id, set()).add(offer.offer_id)
-        self._outstanding[offer.agent_id] = self.outstanding(offer.agent_id) + offer.resources
-        if offer.allocation_id:
-            self._live_allocations.add(offer.allocation_id)
-        if not math.isinf(offer.expires_at):
-            heapq.heappush(self._expiry, (offer.expires_at, offer.offer_id))
+    def next_deadline(self) -> float | None:
+        """When the shell should call `tick` next: an offer expires, or a launch's deadline
+        passes (None: nothing is timed)."""
+        due = [d for d in (self.next_expiry(), self._launches.next_deadline()) if d is not None]
+        return min(due) if due else None
 
     def _move(self, offer_id: str, to: OfferState) -> Offer:
-        cur = self._state.get(offer_id) or self._history.get(offer_id)
-        if cur is None or to not in _TRANSITIONS.get(cur, frozenset()):
-            raise IllegalTransition(f"offer {offer_id}: {cur} -> {to}")
-        offer = self._offers[offer_id]
-        if cur is OfferState.OFFERED:
-            for index, key in ((self._by_agent, offer.agent_id),
-                               (self._by_framework, offer.framework_id)):
-                index[key].discard(offer_id)
-                if not index[key]:
-                    del index[key]
-            left = self._outstanding[offer.agent_id] - offer.resources
-            if left:
-                self._outstanding[offer.agent_id] = left
-            else:
-                del self._outstanding[offer.agent_id]
-            self._live_allocations.discard(offer.allocation_id)
-        if to in LIVE_STATES:
-            self._state[offer_id] = to
-        else:
-            del self._offers[offer_id], self._state[offer_id]
-            self._history[offer_id] = to
-            while len(self._history) > self.history_size:
-                self._history.popitem(last=False)
-        return offer
+        """The one place offers change state (the table's transition table; illegal raises)."""
+        return self.table.move(offer_id, to)
 
-    # -- events ------------------------------------------------------------------------
-    def agent_updated(self, agent_id: str, hostname: str, total: Resources | None,
-                      now: float, attributes: Iterable[common_pb2.Attribute] = ()) -> list[Command]:
-        """From the state stream: an agent (re)registered or changed. If its new total no
-        longer holds what is outstanding on it, its offers are rescinded."""
-        self._agents[agent_id] = _Agent(hostname, total, tuple(attributes))
-        out = self._expire(now)
-        if total is not None and not self._fits(agent_id, Resources()):
-            out += self._rescind(sorted(self._by_agent.get(agent_id, ())),
-                                 RescindReason.RESCIND_REASON_RECLAIMED,
-                                 f"agent {agent_id} shrank to {total}", recover=True)
+    # -- events: the state stream ------------------------------------------------------
+    def stream_changed(self, entries: Iterable[StateEntry], now: float,
+                       reset: bool = False) -> list[Command]:
+        """The master's state stream changed (reset: `entries` are a fresh copy of all of
+        it). A change comes only from a synced stream: allocations held until then are
+        offered now. Agents (re)registered or changed update what offers name; agents gone
+        and frameworks gone or disconnected lose their offers; tasks seen may answer
+        launches the master will not."""
+        change = stream.read(entries, reset)
+        out = self._due(now)
+        for agent_id, view in change.agents.items():
+            if view is None:
+                if agent_id in self._agents:
+                    out += self.agent_removed(agent_id, now)
+            elif self._agents.get(agent_id) != view:
+                out += self.agent_updated(agent_id, view.hostname, view.total, now,
+                                          view.attributes)
+        for fid, deleted in change.frameworks_gone:
+            out += self.framework_removed(fid, now, message=f"framework {fid} "
+                                          f"{'removed' if deleted else 'disconnected'}")
+        if reset:  # what the new copy lacks is gone
+            for agent_id in sorted(set(self._agents) - change.agents_present):
+                out += self.agent_removed(agent_id, now)
+            for fid in sorted(set(self.table.by_framework) - change.frameworks_present):
+                out += self.framework_removed(fid, now, message=f"framework {fid} removed")
+        self._launches.tasks_seen(change.tasks)
+        self._synced = True
+        if self._held:
+            gone = {fid for fid, _ in change.frameworks_gone}
+            if reset:
+                gone |= {a.framework_id for a in self._held} - change.frameworks_present
+            out += self._release(gone, now)
+        out += self._resolve_launches(now)
+        return coalesce(out)
+
+    def _release(self, gone: set[str], now: float) -> list[Command]:
+        """Offer the held allocations, but those of agents no longer on the stream (the
+        allocator forgets them with the agent: no Recovery) or of frameworks gone (handed
+        back, as their offers would have been)."""
+        out: list[Command] = []
+        held, self._held = self._held, []
+        for a in held:
+            if a.agent_id not in self._agents:
+                out.append(_dropped(a, f"{_what(a)}: the agent left while it was held"))
+            elif a.framework_id in gone:
+                out += self._hand_back(a, _dropped(a, f"{_what(a)}: the framework left "
+                                                      "while it was held"))
+            else:
+                out += self._allocation(a, now)
+        return out
+
+    def master_changed(self, epoch: int | None, now: float) -> list[Command]:
+        """Another master leads (None: none is known). Launches sent to the old one will
+        not be answered: they wait for the new master's stream (see launches.py)."""
+        out = self._due(now)
+        orphaned = self._launches.master_changed(epoch, now)
+        if orphaned:
+            out.append(Notice.of(
+                "launches_orphaned", f"the master changed with {orphaned} launches "
+                "unanswered: they count as launched once their tasks are on the stream",
+                launches=orphaned, master_epoch=epoch or 0))
+        out += self._resolve_launches(now)
+        return coalesce(out)
+
+    # -- events: the allocator ---------------------------------------------------------
+    def allocator_seen(self, epoch: int, now: float) -> list[Command]:
+        """A message from the allocator leader of `epoch`. A newer one counts every
+        resource free: rescind what the old one allocated and drop what of it is held,
+        without Recovery (the new one never counted it). Pending launches stay."""
+        out = self._due(now)
+        if epoch <= self.allocator_epoch:
+            return out
+        old, self.allocator_epoch = self.allocator_epoch, epoch
+        ids = sorted(self.table.offered_ids())
+        out += self._rescind(ids, RescindReason.RESCIND_REASON_RECLAIMED,
+                             "a new allocator leads; offers are made afresh", recover=False)
+        dropped, self._held = len(self._held), []  # the old one's, waiting for the stream
+        if old:
+            out.append(Notice.of("allocator_failover", f"allocator epoch {old} -> {epoch}: "
+                                 f"{len(ids)} offers rescinded, {dropped} held allocations "
+                                 "dropped", old_epoch=old, epoch=epoch, rescinded=len(ids),
+                                 dropped=dropped))
         return coalesce(out)
 
     def allocations(self, allocations: Iterable[internal_pb2.Allocation],
-                    now: float) -> list[Command]:
-        """From the allocator: make one offer per allocation."""
-        out = self._expire(now)
-        for a in allocations:
-            out += self._allocation(a, now)
+                    now: float, synced: bool = True) -> list[Command]:
+        """From the allocator: make one offer per allocation. Offers name the agent's
+        hostname and attributes, so while the state stream is not synced (`synced`: the
+        shell's subscriber's word) they wait for it; beyond `max_held`, they go back."""
+        out = self._due(now)
+        batch = list(allocations)
+        self._synced = synced
+        if synced:  # (anything still held goes first, in order)
+            held, self._held = self._held, []
+            return coalesce(out + self._offer_all(held + batch, now))
+        room = max(0, self.max_held - len(self._held))
+        self._held += batch[:room]
+        for a in batch[room:]:
+            out += self._hand_back(a, Notice.of(
+                "allocation_dropped", f"{_what(a)}: more than {self.max_held} allocations "
+                "wait for the state stream", "warning", **_facts(a)))
+        if batch[:room]:
+            out.append(Notice.of("allocations_held", f"{len(batch[:room])} allocations "
+                                 "wait for the state stream to sync",
+                                 held=len(self._held)))
         return coalesce(out)
 
+    def _offer_all(self, allocations: Iterable[internal_pb2.Allocation],
+                   now: float) -> list[Command]:
+        out: list[Command] = []
+        for a in allocations:
+            out += self._allocation(a, now)
+        return out
+
     def _allocation(self, a: internal_pb2.Allocation, now: float) -> list[Command]:
-        what = f"allocation {a.allocation_id!r} ({a.framework_id!r} on {a.agent_id!r})"
+        what = _what(a)
         if not a.framework_id or not a.agent_id:
-            return [Anomaly("allocation_dropped", f"{what}: no framework or agent id")]
-        if a.allocation_id and a.allocation_id in self._live_allocations:
-            return [Anomaly("allocation_dropped", f"{what}: duplicate of a live offer")]
+            return [_dropped(a, f"{what}: no framework or agent id")]
+        if a.allocation_id and a.allocation_id in self.table.live_allocations:
+            return [_dropped(a, f"{what}: duplicate of a live offer")]
         try:
             res = (Resources.from_proto(a.resources))
         except ValueError as exc:
-            return [Anomaly("allocation_dropped", f"{what}: invalid resources: {exc}")]
+            return [_dropped(a, f"{what}: invalid resources: {exc}")]
         if not res:
-            return [Anomaly("allocation_dropped", f"{what}: no resources")]
+            return [_dropped(a, f"{what}: no resources")]
         if not self._fits(a.agent_id, res):
             # Trust, but never offer more than the agent has: hand it straight back.
-            return [Anomaly("allocation_over_total", f"{what}: {res} overlaps what is offered "
-                            "or launching there, or exceeds the agent's total"),
-                    RecoverResources((Recovery(a.framework_id, a.agent_id, res,
-                                               RecoverReason.RECOVER_REASON_RESCINDED,
-                                               allocation_id=a.allocation_id),))]
+            return self._hand_back(a, Notice.of(
+                "allocation_over_total", f"{what}: {res} overlaps what is offered or "
+                "launching there, or exceeds the agent's total", "warning", **_facts(a)), res)
         self._next_offer += 1
-        agent = self._agents.get(a.agent_id, _Agent())
+        agent = self._agents.get(a.agent_id, AgentView())
         timeout = self.offer_timeout
         offer = Offer(
             offer_id=f"{self.prefix}-o{self._next_offer}", framework_id=a.framework_id,
@@ -525,42 +289,54 @@ class BrokerCore:
             expires_at=now + timeout if timeout else math.inf,
             allocation_id=a.allocation_id, traceparent=a.traceparent,
             attributes=agent.attributes)
-        self._create(offer)
+        self.table.create(offer)
         return [SendOffers(a.framework_id, (offer,))]
 
+    def _hand_back(self, a: internal_pb2.Allocation, notice: Notice,
+                   res: Resources | None = None) -> list[Command]:
+        if res is None:
+            try:
+                res = Resources.from_proto(a.resources)
+            except ValueError:
+                return [notice]
+        return [notice, RecoverResources((Recovery(
+            a.framework_id, a.agent_id, res, RecoverReason.RECOVER_REASON_RESCINDED,
+            allocation_id=a.allocation_id),))]
+
+    # -- events: frameworks, through the master ----------------------------------------
     def accept(self, framework_id: str, offer_ids: Sequence[str],
                operations: Sequence[common_pb2.Operation],
-               filters: common_pb2.Filters | None, now: float) -> list[Command]:
-        """A framework's ACCEPT, relayed by the master."""
-        out = self._expire(now)
+               filters: common_pb2.Filters | None, now: float) -> Decision:
+        """A framework's ACCEPT, relayed by the master. A valid one with operations
+        becomes a LaunchRequest, tracked until the master (or the stream) answers it."""
+        out = self._due(now)
         ids = tuple(offer_ids)
         mine: list[str] = []  # live offers of this framework named in the call: used up
-        problem: _Invalid | None = None
+        problem: Invalid | None = None
         for oid in dict.fromkeys(ids):
-            st = self._state.get(oid)
-            if st is OfferState.OFFERED and self._offers[oid].framework_id == framework_id:
+            if self.table.offered_to(oid, framework_id):
                 mine.append(oid)
             elif problem is None:
-                problem = _Invalid(RejectReason.REJECT_REASON_OFFER_UNKNOWN,
-                                   f"offer {oid!r} {self._why_not_live(oid, framework_id)}")
+                problem = Invalid(RejectReason.REJECT_REASON_OFFER_UNKNOWN,
+                                  f"offer {oid!r} {self.table.why_not_live(oid, framework_id)}")
         try:
             if problem is not None:
                 raise problem
             if not ids:
-                raise _Invalid(RejectReason.REJECT_REASON_OFFER_UNKNOWN, "no offer ids")
+                raise Invalid(RejectReason.REJECT_REASON_OFFER_UNKNOWN, "no offer ids")
             if len(set(ids)) != len(ids):
                 dup = next(i for i in ids if ids.count(i) > 1)
-                raise _Invalid(RejectReason.REJECT_REASON_OFFER_UNKNOWN,
-                               f"offer {dup!r} named twice (each offer is used once)")
-            offers = [self._offers[i] for i in mine]
+                raise Invalid(RejectReason.REJECT_REASON_OFFER_UNKNOWN,
+                              f"offer {dup!r} named twice (each offer is used once)")
+            offers = [self.table.offers[i] for i in mine]
             agents = sorted({o.agent_id for o in offers})
             if len(agents) > 1:
-                raise _Invalid(RejectReason.REJECT_REASON_OFFERS_MIXED_AGENTS,
-                               f"offers span agents {agents}; one accept uses one agent")
-            used, rest = check_operations(Resources.total(o.resources for o in offers), operations,
-                                          agents[0], offers[0].role)
-        except _Invalid as bad:
-            out.append(AcceptRejected(framework_id, ids, _task_ids(operations),
+                raise Invalid(RejectReason.REJECT_REASON_OFFERS_MIXED_AGENTS,
+                              f"offers span agents {agents}; one accept uses one agent")
+            used, rest = check_operations(Resources.total(o.resources for o in offers),
+                                          operations, agents[0], offers[0].role)
+        except Invalid as bad:
+            out.append(AcceptRejected(framework_id, ids, task_ids(operations),
                                       bad.reason, bad.message))
             recs = []
             for oid in mine:
@@ -569,15 +345,18 @@ class BrokerCore:
                                      RecoverReason.RECOVER_REASON_LAUNCH_REJECTED,
                                      offer_id=oid, allocation_id=o.allocation_id))
             out.append(RecoverResources(tuple(recs)))
-            return coalesce(out)
+            return Decision(coalesce(out), Verdict(
+                False, failed_check(bad.reason), bad.message, used=tuple(mine),
+                task_ids=task_ids(operations)))
         first = offers[0]
+        rid = ""
         if operations:
             self._next_request += 1
             rid = f"{self.prefix}-l{self._next_request}"
             for oid in mine:
                 self._move(oid, OfferState.LAUNCHING)
-            self._pending[rid] = PendingLaunch(rid, framework_id, first.agent_id, tuple(mine),
-                                               used, _task_ids(operations), now)
+            self._launches.add(PendingLaunch(rid, framework_id, first.agent_id, tuple(mine),
+                                             used, task_ids(operations), now), now)
             out.append(LaunchRequest(rid, framework_id, first.agent_id, tuple(mine),
                                      tuple(operations), tuple(o.traceparent for o in offers)))
             if rest:  # one Recovery for the pooled remainder, linked to the first offer
@@ -590,43 +369,56 @@ class BrokerCore:
                          RecoverReason.RECOVER_REASON_UNUSED, refuse_seconds(filters),
                          o.offer_id, o.allocation_id)
                 for o in (self._move(oid, OfferState.ACCEPTED) for oid in mine))))
-        return coalesce(out)
+        return Decision(coalesce(out), Verdict(True, request_id=rid, used=tuple(mine),
+                                               task_ids=task_ids(operations)))
 
     def decline(self, framework_id: str, offer_ids: Sequence[str],
                 filters: common_pb2.Filters | None, now: float,
-                reason: str = "") -> list[Command]:
+                reason: str = "") -> Decision:
         """A framework's DECLINE: the allocator filters these resources for refuse_seconds.
-        Ids not outstanding for this framework are ignored (reported as an Anomaly)."""
-        out = self._expire(now)
+        Ids not outstanding for this framework are ignored (each with a Notice)."""
+        out = self._due(now)
         refuse = refuse_seconds(filters)
         recs = []
+        ignored: list[str] = []
         for oid in dict.fromkeys(offer_ids):
-            if (self._state.get(oid) is not OfferState.OFFERED
-                    or self._offers[oid].framework_id != framework_id):
-                out.append(Anomaly("decline_ignored", f"decline by {framework_id!r}: offer "
-                                   f"{oid!r} {self._why_not_live(oid, framework_id)}"))
+            if not self.table.offered_to(oid, framework_id):
+                why = f"offer {oid!r} {self.table.why_not_live(oid, framework_id)}"
+                ignored.append(why)
+                out.append(Notice.of("decline_ignored", f"decline by {framework_id!r}: {why}",
+                                     framework_id=framework_id, offer_id=oid))
                 continue
             o = self._move(oid, OfferState.DECLINED)
             recs.append(Recovery(framework_id, o.agent_id, o.resources,
                                  RecoverReason.RECOVER_REASON_DECLINED, refuse, oid,
                                  o.allocation_id))
         out.append(RecoverResources(tuple(recs)))
-        return coalesce(out)
+        used = tuple(r.offer_id for r in recs)
+        verdict = Verdict(not ignored, "offer_not_outstanding" if ignored else "",
+                          "; ".join(ignored) or reason, used=used, refuse_seconds=refuse)
+        return Decision(coalesce(out), verdict)
 
+    # -- events: time and the master ---------------------------------------------------
     def tick(self, now: float) -> list[Command]:
-        """Timer: rescind the offers whose time is up (expires_at <= now)."""
-        return coalesce(self._expire(now))
+        """Timer (at `next_deadline()`): rescind the offers whose time is up (expires_at <=
+        now), and settle the launches whose deadline passed."""
+        return coalesce(self._due(now))
 
     def launch_result(self, request_id: str, accepted: bool, reason: int = 0,
                       message: str = "", now: float | None = None) -> list[Command]:
         """The master's answer to a LaunchRequest."""
-        out = [] if now is None else self._expire(now)
-        pending = self._pending.pop(request_id, None)
+        out = [] if now is None else self._due(now)
+        pending = self._launches.pop(request_id)
         if pending is None:
-            out.append(Anomaly("launch_result_ignored",
-                               f"launch result for unknown request {request_id!r}"))
+            out.append(Notice.of("launch_result_ignored", "launch result for unknown "
+                                 f"request {request_id!r}", "warning", request_id=request_id))
             return coalesce(out)
-        allocation_id = self._offers[pending.offer_ids[0]].allocation_id
+        return coalesce(out + self._settle(pending, accepted, reason, message))
+
+    def _settle(self, pending: PendingLaunch, accepted: bool, reason: int = 0,
+                message: str = "") -> list[Command]:
+        out: list[Command] = []
+        allocation_id = self.table.offers[pending.offer_ids[0]].allocation_id
         to = OfferState.LAUNCHED if accepted else OfferState.LAUNCH_FAILED
         for oid in pending.offer_ids:
             self._move(oid, to)
@@ -643,69 +435,90 @@ class BrokerCore:
                 offer_id=pending.offer_ids[0],
                 allocation_id=allocation_id,
                 task_ids=pending.task_ids),)))
+        return out
+
+    def _resolve_launches(self, now: float) -> list[Command]:
+        """Answer, from the state stream and the clock, the launches the master will not."""
+        out: list[Command] = []
+        for pending, outcome in self._launches.resolve(now):
+            facts: dict[str, str | int] = {
+                "request_id": pending.request_id, "framework_id": pending.framework_id,
+                "tasks": len(pending.task_ids)}
+            if outcome == "launched":
+                out.append(Notice.of("launch_seen_launched", "the master did not answer the "
+                                     "launch; its tasks are on the state stream", "info",
+                                     **facts))
+                out += self._settle(pending, True)
+            else:
+                out.append(Notice.of("launch_unanswered", "the master never answered the "
+                                     "launch and its tasks never appeared; counted refused",
+                                     "warning", **facts))
+                out += self._settle(
+                    pending, False, RejectReason.REJECT_REASON_AGENT_UNAVAILABLE,
+                    "the master never answered the launch and its tasks never appeared")
+        return out
+
+    # -- events: agents, frameworks, failover ------------------------------------------
+    def agent_updated(self, agent_id: str, hostname: str, total: Resources | None,
+                      now: float, attributes: Iterable[common_pb2.Attribute] = ()) -> list[Command]:
+        """An agent (re)registered or changed. If its new total no longer holds what is
+        outstanding on it, its offers are rescinded."""
+        self._agents[agent_id] = AgentView(hostname, total, tuple(attributes))
+        out = self._due(now)
+        if total is not None and not self._fits(agent_id, Resources()):
+            out += self._rescind(sorted(self.table.by_agent.get(agent_id, ())),
+                                 RescindReason.RESCIND_REASON_RECLAIMED,
+                                 f"agent {agent_id} shrank to {total}", recover=True)
         return coalesce(out)
 
     def agent_removed(self, agent_id: str, now: float) -> list[Command]:
         """The agent is gone or unreachable: rescind its offers. No Recovery: the allocator
         drops the agent (and all allocated on it) from the state stream itself. Pending
         launches on it stay until the master answers (it will refuse them)."""
-        out = self._expire(now)
+        out = self._due(now)
         self._agents.pop(agent_id, None)
-        out += self._rescind(sorted(self._by_agent.get(agent_id, ())),
+        out += self._rescind(sorted(self.table.by_agent.get(agent_id, ())),
                              RescindReason.RESCIND_REASON_AGENT_REMOVED,
                              f"agent {agent_id} removed", recover=False)
         return coalesce(out)
 
     def framework_removed(self, framework_id: str, now: float,
                           reason: int = RescindReason.RESCIND_REASON_FRAMEWORK_INACTIVE,
-                          ) -> list[Command]:
+                          message: str = "") -> list[Command]:
         """The framework is gone, inactive or suppressed: rescind and recover its offers."""
-        out = self._expire(now)
-        out += self._rescind(sorted(self._by_framework.get(framework_id, ())), reason,
-                             f"framework {framework_id} inactive", recover=True)
+        out = self._due(now)
+        out += self._rescind(sorted(self.table.by_framework.get(framework_id, ())), reason,
+                             message or f"framework {framework_id} inactive", recover=True)
         return coalesce(out)
 
     def rescind_all(self, reason: int = RescindReason.RESCIND_REASON_BROKER_FAILOVER,
                     ) -> list[Command]:
         """Failover or shutdown: rescind every outstanding offer and abandon pending
         launches, without Recovery (see the module comment). The table is left empty."""
-        out = self._rescind(sorted(self._by_framework_all()), reason,
+        out = self._rescind(sorted(self.table.offered_ids()), reason,
                             "the offer broker is failing over", recover=False)
-        for pending in self._pending.values():
+        for pending in self._launches.pending().values():
             for oid in pending.offer_ids:
                 self._move(oid, OfferState.ABANDONED)
-        self._pending.clear()
-        self._expiry.clear()
+        self._launches.clear()
+        self.table.forget_expiry()
+        self._held.clear()
         return coalesce(out)
 
     # -- helpers -----------------------------------------------------------------------
-    def _by_framework_all(self) -> list[str]:
-        return [i for ids in self._by_framework.values() for i in ids]
-
     def _fits(self, agent_id: str, extra: Resources, pending: bool = True) -> bool:
         """Whether outstanding offers (+ pending launches) + `extra` fit the agent's total,
         compared without roles (a reservation moves resources, it does not add any). Ports
         and set items must not overlap even when the total is unknown."""
         held = self.outstanding(agent_id)
         if pending:
-            held += Resources.total(p.resources for p in self._pending.values()
-                                    if p.agent_id == agent_id)
-        if _overlap(held, extra):
+            held += self._launches.held_on(agent_id)
+        if overlap(held, extra):
             return False  # the same port (or set item) offered twice: `+` would hide it
         agent = self._agents.get(agent_id)
         if agent is None or agent.total is None:
             return True
         return agent.total.with_role(UNRESERVED).contains((held + extra).with_role(UNRESERVED))
-
-    def _why_not_live(self, offer_id: str, framework_id: str) -> str:
-        st = self.state(offer_id)
-        if st is None:
-            return "is unknown (never made by this broker, or long gone)"
-        if st in LIVE_STATES and self._offers[offer_id].framework_id != framework_id:
-            return "is not an offer of this framework"
-        if st is OfferState.LAUNCHING:
-            return "was already used by another accept"
-        return f"is no longer outstanding ({st.value})"
 
     def _rescind(self, offer_ids: Sequence[str], reason: int, message: str,
                  recover: bool, to: OfferState = OfferState.RESCINDED) -> list[Command]:
@@ -725,46 +538,48 @@ class BrokerCore:
             out.append(RecoverResources(tuple(recs)))
         return out
 
-    def _expire(self, now: float) -> list[Command]:
-        due = []
-        while self._expiry and self._expiry[0][0] <= now:
-            _, oid = heapq.heappop(self._expiry)
-            if self._state.get(oid) is OfferState.OFFERED:
-                due.append(oid)
-        if not due:
-            return []
-        return self._rescind(due, RescindReason.RESCIND_REASON_EXPIRED,
-                             "offer timed out", recover=True, to=OfferState.EXPIRED)
+    def _due(self, now: float) -> list[Command]:
+        """What time alone decided by `now`: offers expired, launch deadlines passed."""
+        due = self.table.expired(now)
+        out = self._rescind(due, RescindReason.RESCIND_REASON_EXPIRED,
+                            "offer timed out", recover=True, to=OfferState.EXPIRED) if due else []
+        deadline = self._launches.next_deadline()
+        if deadline is not None and deadline <= now:
+            out += self._resolve_launches(now)
+        return out
 
     # -- invariants --------------------------------------------------------------------
     def validate(self) -> None:
         """Invariants, checked after every step in tests."""
-        assert self._offers.keys() == self._state.keys()
-        assert not self._offers.keys() & self._history.keys(), "an offer in two states"
-        assert all(s in LIVE_STATES for s in self._state.values())
-        assert all(s not in LIVE_STATES for s in self._history.values())
-        offered = {i for i, s in self._state.items() if s is OfferState.OFFERED}
-        assert offered == {i for ids in self._by_agent.values() for i in ids}
-        assert offered == set(self._by_framework_all())
-        for agent_id, ids in self._by_agent.items():
-            assert all(self._offers[i].agent_id == agent_id for i in ids)
-            total = Resources.total(self._offers[i].resources for i in ids)
-            have = self._outstanding[agent_id]
-            assert total.contains(have) and have.contains(total), (agent_id, total, have)
+        self.table.validate()
+        for agent_id in self.table.by_agent:
             assert self._fits(agent_id, Resources(), pending=False), f"{agent_id} over-offered"
-            seen = Resources()
-            for i in sorted(ids):
-                assert not _overlap(seen, self._offers[i].resources), f"{i}: port offered twice"
-                seen += self._offers[i].resources
-        assert self._outstanding.keys() == self._by_agent.keys()
-        for fw, ids in self._by_framework.items():
-            assert all(self._offers[i].framework_id == fw for i in ids)
-        assert self._live_allocations == {
-            self._offers[i].allocation_id for i in offered if self._offers[i].allocation_id}
-        launching = [i for p in self._pending.values() for i in p.offer_ids]
+        pending = self._launches.pending()
+        launching = [i for p in pending.values() for i in p.offer_ids]
         assert len(launching) == len(set(launching)), "an offer in two launches"
-        assert set(launching) == {i for i, s in self._state.items()
+        assert set(launching) == {i for i, s in self.table.states.items()
                                   if s is OfferState.LAUNCHING}
-        for p in self._pending.values():
-            assert all(self._offers[i].agent_id == p.agent_id
-                       and self._offers[i].framework_id == p.framework_id for i in p.offer_ids)
+        for p in pending.values():
+            assert all(self.table.offers[i].agent_id == p.agent_id
+                       and self.table.offers[i].framework_id == p.framework_id
+                       for i in p.offer_ids)
+        self._launches.validate()
+        assert self._launches.timeout == self.launch_timeout
+        assert not self._held or not self._synced, "allocations held from a synced stream"
+        assert len(self._held) <= self.max_held
+        assert self.allocator_epoch >= 0
+
+
+def _what(a: internal_pb2.Allocation) -> str:
+    return f"allocation {a.allocation_id!r} ({a.framework_id!r} on {a.agent_id!r})"
+
+
+def _facts(a: internal_pb2.Allocation) -> dict[str, str]:
+    """An allocation's facts for a Notice: its ids, and its trace (the allocate span's),
+    under which the shell records the offer that was not made."""
+    return {"allocation_id": a.allocation_id, "framework_id": a.framework_id,
+            "agent_id": a.agent_id, "allocation_traceparent": a.traceparent}
+
+
+def _dropped(a: internal_pb2.Allocation, message: str) -> Notice:
+    return Notice.of("allocation_dropped", message, "warning", **_facts(a))

@@ -23,8 +23,9 @@ class KV:
 
     def _emit(self, level: int, event: str, fields: dict[str, Any]) -> None:
         if self._log.isEnabledFor(level):
+            exc_info = bool(fields.pop("exc_info", False))  # True: append the traceback
             tail = " ".join(f"{k}={_fmt(v)}" for k, v in fields.items())
-            self._log.log(level, f"{event} {tail}" if tail else event)
+            self._log.log(level, f"{event} {tail}" if tail else event, exc_info=exc_info)
 
     def debug(self, event: str, **fields: Any) -> None:
         self._emit(logging.DEBUG, event, fields)

@@ -40,6 +40,7 @@ class Reactor:
         self._idle: list[Handler] = []
         self._seq = itertools.count()
         self._running = False
+        self.handler_errors = 0  # exceptions raised by handlers, timers and idle hooks
 
     def now(self) -> float:
         return self.clock()
@@ -89,10 +90,20 @@ class Reactor:
         for key, _ in events:
             handler = self._handlers.get(key)
             if handler is not None:
-                handler()
+                self._call(handler, "reader")
         self._run_due_timers()
         for fn in self._idle:
+            self._call(fn, "idle")
+
+    def _call(self, fn: Handler, kind: str) -> None:
+        """A handler's exception is a bug, but never a reason to stop serving the rest:
+        log it with its traceback, count it, go on."""
+        try:
             fn()
+        except Exception as exc:
+            self.handler_errors += 1
+            log.error("handler failed", kind=kind, handler=getattr(fn, "__qualname__", repr(fn)),
+                      error=repr(exc), exc_info=True)
 
     def _run_due_timers(self) -> None:
         now = self.clock()
@@ -105,7 +116,7 @@ class Reactor:
                 timer.when = max(timer.when + timer.interval, now)
                 timer.seq = next(self._seq)
                 heapq.heappush(self._timers, timer)
-            timer.fn()
+            self._call(timer.fn, "timer")
 
     def run(self, until: Callable[[], bool] | None = None, timeout: float | None = None) -> bool:
         """Run until stop(), `until()` is true, or `timeout` passes; returns `until()`'s value

@@ -1,5 +1,6 @@
-"""Counters every bus socket keeps (frames in/out, drops by reason, peers lost), exported
-later as Prometheus text by each service. Plain ints: single-threaded reactor, no locks."""
+"""Counters every bus socket keeps (frames in/out, drops by reason, peers lost), as
+`name` or `name{label=value}` keys; the service kit exports them as typed Prometheus
+counters (services/shell/metrics.py). Plain ints: single-threaded reactor, no locks."""
 
 from __future__ import annotations
 
@@ -18,16 +19,3 @@ class Stats:
 
     def snapshot(self) -> dict[str, int]:
         return dict(self._counts)
-
-    def prometheus(self, prefix: str = "offerbus_bus_") -> str:
-        """Prometheus text exposition; `name{label=value}` keys keep their labels."""
-        lines = []
-        for key in sorted(self._counts):
-            name, _, labels = key.partition("{")
-            metric = prefix + name + "_total"
-            if labels:
-                pairs = (p.partition("=") for p in labels.rstrip("}").split(","))
-                quoted = ",".join(f'{k}="{v}"' for k, _, v in pairs)
-                metric += "{" + quoted + "}"
-            lines.append(f"{metric} {self._counts[key]}")
-        return "\n".join(lines) + ("\n" if lines else "")

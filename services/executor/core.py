@@ -1,4 +1,5 @@
 """The executor's pure core: one task's lifecycle (launch, start, exit, kill with grace), its
+health checks (health.py: when due, what a result means; a kill after too many failures), its
 status updates retried until the agent acknowledges them, the agent-recovery timeout, and when to
 exit. No sockets, threads or clocks: events and the current (wall-clock) time come in, commands
 go out."""
@@ -13,6 +14,7 @@ from typing import TypeAlias
 
 from schemas import common_pb2
 from services import tasks
+from services.executor import health as hc
 
 TaskInfo = common_pb2.TaskInfo
 TaskStatus = common_pb2.TaskStatus
@@ -51,6 +53,15 @@ class SendUpdate:
 
 
 @dataclass(frozen=True)
+class RunCheck:
+    """Run the task's health check once (off the reactor thread) within `timeout_s`, then
+    call check_result()."""
+
+    check: common_pb2.HealthCheck
+    timeout_s: float
+
+
+@dataclass(frozen=True)
 class Exit:
     """Remove the container (it has ended) and exit the process with `code`."""
 
@@ -58,7 +69,7 @@ class Exit:
     reason: str
 
 
-Command = StartContainer | KillContainer | SendUpdate | Exit
+Command = StartContainer | KillContainer | SendUpdate | RunCheck | Exit
 
 
 class InvariantError(AssertionError):
@@ -97,7 +108,9 @@ class ExecutorCore:
         self.container_running = False
         self.container_ended = False
         self.kill_requested = False
+        self.kill_cause: tuple[Reason, str] | None = None  # why we kill it ourselves
         self.kill_sent = False
+        self.health: hc.Health | None = None  # from TASK_RUNNING, when the task has a check
         self.grace_s = default_grace_s
         self.shutdown_requested = False
         self.abandoned = False  # the agent did not come back in time
@@ -168,6 +181,9 @@ class ExecutorCore:
         if self.kill_requested:  # killed while starting: KILLING is already out
             self.kill_sent = True
             return [KillContainer(self.grace_s)]
+        assert self.task is not None
+        if hc.has_check(self.task.health_check):
+            self.health = hc.Health(self.task.health_check, now)
         return [self._report(now, tasks.RUNNING)]
 
     def launch_failed(self, reason: Reason, message: str, now: float) -> list[Command]:
@@ -189,9 +205,12 @@ class ExecutorCore:
             return []
         self.container_running = False
         self.container_ended = True
+        if self.health is not None:
+            self.health.stop()
         if self.kill_requested:
-            status = self._report(now, tasks.KILLED, exit_code=exit_code,
-                                  message=self._killed_message(exit_code))
+            reason, message = self.kill_cause or (TaskStatus.REASON_UNSPECIFIED, "")
+            status = self._report(now, tasks.KILLED, exit_code=exit_code, reason=reason,
+                                  message=message or self._killed_message(exit_code))
         elif oom_killed:
             status = self._report(now, tasks.FAILED, exit_code=exit_code,
                                   reason=TaskStatus.REASON_CONTAINER_LIMITATION_MEMORY,
@@ -212,13 +231,20 @@ class ExecutorCore:
             return "killed: the agent did not come back within the recovery timeout"
         return "killed" if exit_code is None else f"killed (exited with {exit_code})"
 
-    def kill(self, grace_s: float | None, now: float) -> list[Command]:
+    def kill(self, grace_s: float | None, now: float, *,
+             reason: Reason = TaskStatus.REASON_UNSPECIFIED, message: str = "") -> list[Command]:
+        """Kill the task (the agent asked, or we decided: `reason` and `message` then go on
+        its KILLING and KILLED updates)."""
         if self.task is None or self.exited or self.kill_requested or self._terminal():
             return []
         self.kill_requested = True
+        if reason != TaskStatus.REASON_UNSPECIFIED or message:
+            self.kill_cause = (reason, message)
+        if self.health is not None:
+            self.health.stop()
         if grace_s is not None:
             self.grace_s = max(grace_s, 0.0)
-        out: list[Command] = [self._report(now, tasks.KILLING)]
+        out: list[Command] = [self._report(now, tasks.KILLING, reason=reason, message=message)]
         if self.container_running:
             self.kill_sent = True
             out.append(KillContainer(self.grace_s))
@@ -236,6 +262,30 @@ class ExecutorCore:
         if self.task is not None and pending.status.task_id == self.task.task_id:
             self.any_acked = True
         return self._exit_if_done()
+
+    # -- health checks -----------------------------------------------------------------------
+    def check_result(self, ok: bool, output: str, now: float) -> list[Command]:
+        """The result of the RunCheck last sent: report health when it changed (the first
+        result included); kill the task after `consecutive_failures` failures in a row."""
+        health = self.health
+        if health is None:
+            return []
+        verdict = health.result(ok, output, now)
+        if verdict is None or not self.container_running or self.kill_requested:
+            return []
+        out: list[Command] = []
+        if verdict.changed:
+            state = "healthy" if verdict.healthy else "unhealthy"
+            out.append(self._report(
+                now, tasks.RUNNING, reason=TaskStatus.REASON_TASK_HEALTH_CHECK_STATUS_UPDATED,
+                message=f"{state}: {hc.describe(health.check)}"
+                        + ("" if verdict.healthy else f" failed: {health.last_output}")))
+        if verdict.kill:
+            message = (f"{hc.describe(health.check)} failed {verdict.failures} times in a row;"
+                       f" last output: {health.last_output or '(none)'}")
+            out += self.kill(None, now, reason=TaskStatus.REASON_HEALTH_CHECK_FAILED,
+                             message=message)
+        return out
 
     # -- time --------------------------------------------------------------------------------
     def tick(self, now: float) -> list[Command]:
@@ -255,6 +305,11 @@ class ExecutorCore:
                     pending.sends += 1
                     pending.next_at = now + retry_interval(pending.sends)
                     out.append(SendUpdate(pending.status))
+        health = self.health
+        if (health is not None and health.due(now) and self.container_running
+                and not self.kill_requested):
+            health.start()
+            out.append(RunCheck(health.check, health.timeout_s))
         return out
 
     def next_deadline(self) -> float | None:
@@ -264,6 +319,10 @@ class ExecutorCore:
         times = [p.next_at for p in self.unacked.values()] if self.connected else []
         if not self.abandoned and self.disconnected_since is not None:
             times.append(self.disconnected_since + self.recovery_timeout_s)
+        if self.health is not None and self.container_running and not self.kill_requested:
+            check_at = self.health.next_deadline()
+            if check_at is not None:
+                times.append(check_at)
         return min(times, default=None)
 
     # -- helpers -----------------------------------------------------------------------------
@@ -293,8 +352,11 @@ class ExecutorCore:
         """A status of our task; the move is checked against the task state machine."""
         self.state = tasks.transition(self.state, state)
         assert self.task is not None
-        return self._update(now, state, task_id=self.task.task_id, reason=reason,
-                            message=message, exit_code=exit_code)
+        update = self._update(now, state, task_id=self.task.task_id, reason=reason,
+                              message=message, exit_code=exit_code)
+        if self.health is not None and self.health.healthy is not None:
+            update.status.healthy = self.health.healthy  # known health rides on every update
+        return update
 
     def _update(self, now: float, state: tasks.State, *, task_id: str,
                 reason: Reason = TaskStatus.REASON_UNSPECIFIED, message: str = "",
@@ -326,6 +388,12 @@ class ExecutorCore:
         need(all(len(u) == 16 and p.sends >= 1 for u, p in self.unacked.items()),
              "every pending update has a 16-byte uuid and was sent")
         need(self.connected == (self.disconnected_since is None), "connected iff no outage")
+        if self.health is not None:
+            self.health.validate()
+            need(self.task is not None and self.state is not None, "health needs a task")
+            need(not (self.kill_requested or self.container_ended) or self.health.stopped,
+                 "no health checks once the task is killed or ended")
+        need(self.kill_cause is None or self.kill_requested, "a kill cause only with a kill")
         if self.exited:
             need(not (self.start_in_flight or self.container_running),
                  "exit only once the container has ended")

@@ -3,7 +3,12 @@ round trip per step). Images must already be on the engine: nothing is ever pull
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import os
+import signal as signals
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import docker
@@ -12,9 +17,12 @@ from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 
 from services.bus.log import get_logger
 from services.executor.runtime import (
+    EXEC_OUTPUT_BYTES,
     REASON_CONTAINER_LAUNCH_FAILED,
     REASON_IMAGE_NOT_FOUND,
+    BoundedBuffer,
     ContainerSpec,
+    ExecResult,
     ExitInfo,
     Handle,
     LaunchError,
@@ -27,6 +35,7 @@ from services.executor.runtime import (
 log = get_logger("executor.docker")
 
 KILL_WAIT_S = 10.0  # after SIGKILL, how long to wait for the engine to report the exit
+EXEC_KILL_WAIT_S = 2.0  # after killing a timed-out exec, how long its reader may take
 
 
 class DockerRuntime:
@@ -152,12 +161,82 @@ class DockerRuntime:
                 return
             raise RuntimeFailure(_explain(exc)) from exc
 
+    # -- exec (health checks) -------------------------------------------------------------
+    def exec(self, handle: Handle, argv: Sequence[str], timeout_s: float,
+             max_bytes: int = EXEC_OUTPUT_BYTES) -> ExecResult:
+        """`docker exec` through the API; the output is read by a helper thread so the
+        timeout holds even when the command never ends (it is then killed by its host pid)."""
+        try:
+            exec_id: str = self.api.exec_create(handle.container_id, list(argv), stdout=True,
+                                                stderr=True)["Id"]
+        except (DockerException, requests.RequestException) as exc:
+            raise RuntimeFailure(f"exec failed: {_explain(exc)}") from exc
+        out = BoundedBuffer(max_bytes)
+        done = threading.Event()
+        failed: list[BaseException] = []
+
+        def pump() -> None:
+            try:
+                for chunk in self.api.exec_start(exec_id, stream=True):
+                    out.write(chunk)
+            except Exception as exc:  # reported below, on the caller's thread
+                failed.append(exc)
+            finally:
+                done.set()
+
+        threading.Thread(target=pump, name="exec-output", daemon=True).start()
+        if not done.wait(max(timeout_s, 0.0)):
+            self._kill_exec(exec_id)
+            done.wait(EXEC_KILL_WAIT_S)
+            return ExecResult(None, out.bytes(), timed_out=True, truncated=out.truncated)
+        if failed:
+            raise RuntimeFailure(f"exec failed: {_explain(failed[0])}")
+        try:
+            code = self.api.exec_inspect(exec_id).get("ExitCode")
+        except (DockerException, requests.RequestException) as exc:
+            raise RuntimeFailure(f"exec inspect failed: {_explain(exc)}") from exc
+        return ExecResult(None if code is None else int(code), out.bytes(),
+                          truncated=out.truncated)
+
+    def _kill_exec(self, exec_id: str) -> None:
+        """The engine cannot stop an exec; its processes are on this host: SIGKILL the exec's
+        process and everything it started (a child left holding the output would keep the
+        reader thread alive)."""
+        try:
+            pid = int(self.api.exec_inspect(exec_id).get("Pid") or 0)
+        except (DockerException, requests.RequestException, ValueError):
+            return
+        for victim in _process_tree(pid) if pid > 0 else []:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(victim, signals.SIGKILL)
+
     def _remove_quietly(self, container_id: str) -> None:
         try:
             self.api.remove_container(container_id, force=True, v=True)
         except (DockerException, requests.RequestException) as exc:
             log.warning("could not remove a container that failed to start",
                         container=container_id, error=_explain(exc))
+
+
+def _process_tree(root: int) -> list[int]:
+    """`root` and its descendants (from /proc), parents first."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[-1].split()
+        if len(fields) > 1:
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    tree, queue = [], [root]
+    while queue:
+        pid = queue.pop(0)
+        tree.append(pid)
+        queue.extend(children.get(pid, []))
+    return tree
 
 
 def _explain(exc: BaseException) -> str:

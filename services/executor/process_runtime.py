@@ -10,40 +10,33 @@ import os
 import resource
 import signal as signals
 import subprocess
+import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from services.bus.log import get_logger
 from services.executor.runtime import (
+    EXEC_OUTPUT_BYTES,
     REASON_CONTAINER_LAUNCH_FAILED,
     ContainerSpec,
+    ExecResult,
     ExitInfo,
     Handle,
     LaunchError,
     Logs,
+    RuntimeFailure,
     Stream,
     clip,
 )
+from services.procs import pid_alive, start_time
 
 log = get_logger("executor.process")
 
 RECORD = "offerbus-process.json"
 POLL_S = 0.02  # how often a process that is not our child is checked for its end
 KILL_WAIT_S = 5.0
-
-
-def _start_ticks(pid: int) -> int | None:
-    """The process's start time (clock ticks since boot); None if it is gone or a zombie."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2:].split()
-    if fields[0] in ("Z", "X"):
-        return None
-    return int(fields[19])
 
 
 class ProcessRuntime:
@@ -83,7 +76,7 @@ class ProcessRuntime:
         with self._lock:
             self._children[handle.container_id] = proc
         record = {"container_id": handle.container_id, "name": spec.name, "pid": proc.pid,
-                  "start_ticks": _start_ticks(proc.pid), "labels": dict(spec.labels)}
+                  "start_ticks": start_time(proc.pid), "labels": dict(spec.labels)}
         tmp = sandbox / (RECORD + ".tmp")
         tmp.write_text(json.dumps(record))
         tmp.replace(sandbox / RECORD)
@@ -96,11 +89,7 @@ class ProcessRuntime:
 
     def _alive(self, handle: Handle) -> bool:
         """For a process that is not our child: running, and still the same process."""
-        if handle.pid is None:
-            return False
-        ticks = _start_ticks(handle.pid)
-        recorded = self._recorded_ticks(handle)
-        return ticks is not None and (recorded is None or ticks == recorded)
+        return handle.pid is not None and pid_alive(handle.pid, self._recorded_ticks(handle))
 
     def _recorded_ticks(self, handle: Handle) -> int | None:
         try:
@@ -175,6 +164,37 @@ class ProcessRuntime:
                 found.append(Handle(self.name, record["container_id"], record["name"], have,
                                     int(record["pid"]), str(path.parent)))
         return found
+
+    def exec(self, handle: Handle, argv: Sequence[str], timeout_s: float,
+             max_bytes: int = EXEC_OUTPUT_BYTES) -> ExecResult:
+        """Run `argv` in the task's sandbox, in its own process group (killed on timeout)."""
+        if not argv:
+            raise RuntimeFailure("exec needs a command")
+        sandbox = Path(handle.sandbox) if handle.sandbox else None
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+               "HOME": str(sandbox or "/"), "OFFERBUS_SANDBOX": str(sandbox or "")}
+        with tempfile.TemporaryFile() as out:
+            try:
+                proc = subprocess.Popen(list(argv), cwd=sandbox, env=env,
+                                        stdin=subprocess.DEVNULL, stdout=out,
+                                        stderr=subprocess.STDOUT, start_new_session=True,
+                                        close_fds=True)
+            except OSError as exc:
+                return ExecResult(None, f"cannot exec {argv[0]!r}: {exc}".encode())
+            timed_out = False
+            try:
+                code: int | None = proc.wait(max(timeout_s, 0.0))
+            except subprocess.TimeoutExpired:
+                timed_out, code = True, None
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signals.SIGKILL)
+                proc.wait()
+            size = out.seek(0, os.SEEK_END)
+            out.seek(max(0, size - max_bytes))
+            data = out.read()
+        if code is not None and code < 0:
+            code = 128 - code
+        return ExecResult(code, data, timed_out=timed_out, truncated=size > max_bytes)
 
     def remove(self, handle: Handle) -> None:
         """Kill the group if still running and drop the record (the sandbox's log files stay:

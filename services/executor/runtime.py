@@ -3,8 +3,9 @@ needs from a container engine, the shared value types, and ContainerSpec built f
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal, Protocol, TypeAlias, runtime_checkable
 
 from schemas import common_pb2
@@ -112,6 +113,20 @@ class Logs:
     truncated: bool  # True when older output was left out (tail_lines or max_bytes)
 
 
+EXEC_OUTPUT_BYTES = 4096  # what exec() keeps of a command's output (its last bytes)
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """How a command run inside a container ended: its exit code (None when it timed out or
+    could not run) and the last bytes of its stdout and stderr, interleaved."""
+
+    exit_code: int | None
+    output: bytes = b""
+    timed_out: bool = False
+    truncated: bool = False
+
+
 @runtime_checkable
 class Runtime(Protocol):
     """A container engine. Every call blocks: shells run them on worker threads."""
@@ -145,6 +160,31 @@ class Runtime(Protocol):
         """Kill if still running and forget it; a handle already gone is fine."""
         ...
 
+    def exec(self, handle: Handle, argv: Sequence[str], timeout_s: float,
+             max_bytes: int = EXEC_OUTPUT_BYTES) -> ExecResult:
+        """Run `argv` inside the running container (a process: in its sandbox, with its
+        environment); at most `timeout_s` seconds, after which it is killed. Keeps the last
+        `max_bytes` of the output. Raises RuntimeFailure when the engine cannot run it."""
+        ...
+
+
+class BoundedBuffer:
+    """The last `limit` bytes written to it (command output is bounded)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.data = bytearray()
+        self.truncated = False
+
+    def write(self, chunk: bytes) -> None:
+        self.data += chunk
+        if len(self.data) > self.limit:
+            del self.data[:len(self.data) - self.limit]
+            self.truncated = True
+
+    def bytes(self) -> bytes:
+        return bytes(self.data)
+
 
 def clip(data: bytes, tail_lines: int | None, max_bytes: int) -> Logs:
     """The last `tail_lines` lines and at most the last `max_bytes` bytes of `data`."""
@@ -162,10 +202,23 @@ def container_name(executor_id: str) -> str:
     return f"{NAME_PREFIX}{executor_id}"
 
 
-def offerbus_labels(agent_id: str, framework_id: str, task_id: str,
-                    executor_id: str) -> dict[str, str]:
-    return {LABEL_AGENT: agent_id, LABEL_FRAMEWORK: framework_id, LABEL_TASK: task_id,
-            LABEL_EXECUTOR: executor_id}
+def offerbus_labels(agent_id: str, framework_id: str, task_id: str, executor_id: str,
+                    cluster_id: str = "") -> dict[str, str]:
+    """The labels of a task's container. LABEL_CLUSTER only when the cluster id is known:
+    a container without it is never removed by an agent's orphan cleanup."""
+    labels = {LABEL_AGENT: agent_id, LABEL_FRAMEWORK: framework_id, LABEL_TASK: task_id,
+              LABEL_EXECUTOR: executor_id}
+    if cluster_id:
+        labels[LABEL_CLUSTER] = cluster_id
+    return labels
+
+
+def executor_labels(cluster_id: str, agent_id: str, executor_id: str) -> dict[str, str]:
+    """The labels that find the containers of one executor (of this agent, this cluster)."""
+    labels = {LABEL_AGENT: agent_id, LABEL_EXECUTOR: executor_id}
+    if cluster_id:
+        labels[LABEL_CLUSTER] = cluster_id
+    return labels
 
 
 _NETWORKS: dict[int, Literal["bridge", "host", "none"]] = {
@@ -175,7 +228,7 @@ _NETWORKS: dict[int, Literal["bridge", "host", "none"]] = {
 
 
 def spec_from_task(task: common_pb2.TaskInfo, *, framework_id: str, executor_id: str,
-                   agent_id: str = "", sandbox: str = "") -> ContainerSpec:
+                   agent_id: str = "", sandbox: str = "", cluster_id: str = "") -> ContainerSpec:
     """The ContainerSpec of a TaskInfo. CommandInfo: shell -> `/bin/sh -c value`; otherwise
     `value` replaces the entrypoint and `arguments` are the command (empty = image default)."""
     cmd = task.command
@@ -193,8 +246,22 @@ def spec_from_task(task: common_pb2.TaskInfo, *, framework_id: str, executor_id:
                   for p in docker.port_mappings)
     labels = dict(docker.labels)
     labels.update(offerbus_labels(agent_id or task.agent_id, framework_id, task.task_id,
-                                  executor_id))
+                                  executor_id, cluster_id))
     return ContainerSpec(
         name=container_name(executor_id), image=docker.image, entrypoint=entrypoint,
         command=command, env=dict(cmd.env), cpus=cpus, mem_mib=mem, ports=ports,
         network=_NETWORKS.get(docker.network, "bridge"), labels=labels, sandbox=sandbox)
+
+
+def make_runtime(kind: str, root: str | Path) -> Runtime:
+    """The runtime named `kind`. `root`: where the process runtime keeps (and find() looks
+    for) its process records: the agent's sandboxes folder, or one executor's sandbox."""
+    if kind == "docker":
+        from services.executor.docker_runtime import DockerRuntime
+
+        return DockerRuntime()
+    if kind == "process":
+        from services.executor.process_runtime import ProcessRuntime
+
+        return ProcessRuntime(Path(root))
+    raise ValueError(f"unknown runtime {kind!r}: docker or process")

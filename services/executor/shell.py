@@ -31,12 +31,14 @@ from services.bus.mailbox import Mailbox
 from services.bus.peer import DealerClient, HeartbeatConfig, Sender
 from services.bus.reactor import Reactor, Timer
 from services.executor import core as ec
+from services.executor.checks import run_check
 from services.executor.runtime import (
     REASON_CONTAINER_LAUNCH_FAILED,
     Handle,
     LaunchError,
     Runtime,
     RuntimeFailure,
+    make_runtime,
     spec_from_task,
 )
 from services.telemetry import spans as sp
@@ -105,6 +107,8 @@ class ExecutorShell:
         self.mailbox: Mailbox[Event] = Mailbox()
         self.reactor.add_reader(self.mailbox, self._drain_mailbox)
         self.worker = ThreadPoolExecutor(1, thread_name_prefix="runtime")
+        # Health checks on their own thread: a slow check never delays a start or a kill.
+        self.checker = ThreadPoolExecutor(1, thread_name_prefix="check")
         self._timer: Timer | None = None
         self._force_exit: Timer | None = None
         self._link_lost = False
@@ -131,6 +135,7 @@ class ExecutorShell:
         self.reactor.run(until=lambda: self.exit_code is not None)
         self.dealer.close()
         self.worker.shutdown(wait=False, cancel_futures=True)
+        self.checker.shutdown(wait=False, cancel_futures=True)
         log.info("executor exiting", code=self.exit_code)
         return self.exit_code if self.exit_code is not None else 1
 
@@ -142,6 +147,8 @@ class ExecutorShell:
                 self.worker.submit(self._start, cmd.task, cmd.framework_id, cmd.traceparent)
             elif isinstance(cmd, ec.KillContainer):
                 self.worker.submit(self._kill, cmd.grace_s)
+            elif isinstance(cmd, ec.RunCheck):
+                self.checker.submit(self._check, cmd.check, cmd.timeout_s)
             elif isinstance(cmd, ec.Exit):
                 self._finish(cmd)
         self._reschedule()
@@ -247,7 +254,8 @@ class ExecutorShell:
 
     def _start(self, task: common_pb2.TaskInfo, framework_id: str, traceparent: str = "") -> None:
         spec = spec_from_task(task, framework_id=framework_id, executor_id=self.core.executor_id,
-                              agent_id=self.core.agent_id, sandbox=str(self.work_dir))
+                              agent_id=self.core.agent_id, sandbox=str(self.work_dir),
+                              cluster_id=self.args.cluster_id)
         started = time.monotonic()
         # The `start` span (under the agent's `run` span, named by the Launch envelope)
         # covers creating and starting the container.
@@ -315,6 +323,12 @@ class ExecutorShell:
             except RuntimeFailure as exc:  # e.g. the engine restarting: try again shortly
                 log.error("kill failed", attempt=attempt, error=str(exc))
                 pause.wait(1.0)
+
+    def _check(self, check: common_pb2.HealthCheck, timeout_s: float) -> None:
+        """On the check thread: run the health check, hand its result to the core."""
+        result = run_check(check, timeout_s, self.runtime, self.handle)
+        log.info("health check", ok=result.ok, output=result.output[:200])
+        self.mailbox.put(lambda now: self.core.check_result(result.ok, result.output, now))
 
     def _trace_status(self, status: common_pb2.TaskStatus) -> None:
         """A `status` span for the task's terminal update, linked to its `start` span."""
@@ -389,6 +403,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--framework-id", required=True)
     ap.add_argument("--task-id", default="", help="the task this executor is for (logs)")
     ap.add_argument("--agent-id", default="", help="labels containers (else from Subscribed)")
+    ap.add_argument("--cluster-id", default="",
+                    help="the cluster's id: labels containers (org.offerbus.cluster_id)")
     ap.add_argument("--work-dir", required=True, help="the sandbox: logs, process output")
     ap.add_argument("--runtime", choices=("docker", "process"), default="docker")
     ap.add_argument("--recovery-timeout", type=float, default=ec.DEFAULT_RECOVERY_TIMEOUT_S,
@@ -407,16 +423,6 @@ def _configure_logging(work_dir: Path, executor_id: str, level: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-
-
-def make_runtime(kind: str, work_dir: Path) -> Runtime:
-    if kind == "process":
-        from services.executor.process_runtime import ProcessRuntime
-
-        return ProcessRuntime(work_dir)
-    from services.executor.docker_runtime import DockerRuntime
-
-    return DockerRuntime()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,41 +2,38 @@
 
 from __future__ import annotations
 
-import argparse
 import socket
 import sys
+from typing import Any
 
-from services import telemetry
 from services.master.shell import MasterConfig, MasterShell
-from services.shell.process import add_cluster_args, serve, setup
+from services.shell.config import Option
+from services.shell.process import main as run_service
+
+OPTIONS = (
+    Option("id", default=f"master-{socket.gethostname()}", help="this master's id"),
+    Option("port", int, 0, "front port (agents, frameworks, operators)", minimum=0,
+           maximum=65535),
+    Option("internal_port", int, 0, "internal port (offer-broker, allocator)", minimum=0,
+           maximum=65535),
+    Option("pub_port", int, 0, "state stream PUB port", minimum=0, maximum=65535),
+    Option("snapshot_port", int, 0, "state stream snapshot port", minimum=0, maximum=65535),
+    Option("reregister_window", float, 60.0,
+           "seconds agents have to re-register after a failover", minimum=0),
+)
+
+
+def build(v: dict[str, Any]) -> MasterShell:
+    return MasterShell(MasterConfig(
+        master_id=v["id"], election_url=v["cluster"], registry_url=v["cluster"],
+        host=v["host"], front_port=v["port"], internal_port=v["internal_port"],
+        pub_port=v["pub_port"], snapshot_port=v["snapshot_port"], http_port=v["http_port"],
+        heartbeat_interval=v["heartbeat"], max_missed=v["max_missed"],
+        agent_reregister_window_s=v["reregister_window"]))
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="offerbus-master", description=__doc__)
-    add_cluster_args(ap)
-    ap.add_argument("--id", default=f"master-{socket.gethostname()}", help="this master's id")
-    ap.add_argument("--port", type=int, default=0, help="front port (agents, frameworks)")
-    ap.add_argument("--internal-port", type=int, default=0, help="offer-broker, allocator")
-    ap.add_argument("--pub-port", type=int, default=0, help="state stream PUB")
-    ap.add_argument("--snapshot-port", type=int, default=0, help="state stream snapshots")
-    ap.add_argument("--http-port", type=int, default=0, help="/state /metrics /health")
-    ap.add_argument("--heartbeat", type=float, default=1.0, help="seconds between beats")
-    ap.add_argument("--max-missed", type=int, default=5, help="beats missed before a peer is gone")
-    ap.add_argument("--reregister-window", type=float, default=60.0,
-                    help="seconds agents have to re-register after a failover")
-    args = ap.parse_args(argv)
-    setup("master", args.log_level)
-    telemetry.setup("offerbus-master", id=args.id)
-    try:
-        shell = MasterShell(MasterConfig(
-            master_id=args.id, election_url=args.cluster, registry_url=args.cluster,
-            host=args.host, front_port=args.port, internal_port=args.internal_port,
-            pub_port=args.pub_port, snapshot_port=args.snapshot_port, http_port=args.http_port,
-            heartbeat_interval=args.heartbeat, max_missed=args.max_missed,
-            agent_reregister_window_s=args.reregister_window))
-        return serve(shell)
-    finally:
-        telemetry.shutdown()  # flush the last spans
+    return run_service("master", OPTIONS, build, argv, __doc__)
 
 
 if __name__ == "__main__":

@@ -150,6 +150,7 @@ class AgentHandlers(MasterState):
         body = reply.reregistered if rereg else reply.registered
         body.agent_id, body.master_id = aid, self.master_id
         body.master_epoch, body.heartbeat_interval_ms = self.epoch, self.heartbeat_interval_ms
+        body.cluster_id = self.cluster_id
         out.insert(0, ToAgent(peer, aid, reply))
         if plan.reconcile:
             ev = agent_pb2.AgentEvent(reconcile=agent_pb2.AgentEvent.Reconcile(tasks=[
@@ -168,7 +169,8 @@ class AgentHandlers(MasterState):
             fid, tid = r.framework_id, r.task_info.task_id
             state = r.latest_status.state
             if not fid or not tid or (fid, tid) in seen or state not in tasks.STORABLE:
-                self.anomalies.append(f"agent {aid}: bad task report {fid!r}/{tid!r}")
+                self._notice("bad_task_report", f"agent {aid}: bad task report {fid!r}/{tid!r}",
+                             agent_id=aid)
                 continue
             seen.add((fid, tid))
             if fid in self.removed_frameworks:
@@ -184,7 +186,9 @@ class AgentHandlers(MasterState):
                 res = parse_resources(r.task_info.resources)
             except ValueError:
                 res = Resources()
-                self.anomalies.append(f"agent {aid}: task {fid}/{tid} has invalid resources")
+                self._notice("invalid_task_resources",
+                             f"agent {aid}: task {fid}/{tid} has invalid resources",
+                             agent_id=aid)
             status = copy_status(r.latest_status)
             status.agent_id = aid
             task = self.tasks.get((fid, tid))
@@ -196,8 +200,8 @@ class AgentHandlers(MasterState):
                     status.executor_id = r.executor_id
                 plan.add.append(Task(fid, aid, info, status, res, self._now))
             elif task.agent_id != aid and not tasks.is_terminal(task.state):
-                self.anomalies.append(f"agent {aid} reports {fid}/{tid}, recorded on "
-                                      f"{task.agent_id}: ignored")
+                self._notice("task_on_other_agent", f"agent {aid} reports {fid}/{tid}, "
+                             f"recorded on {task.agent_id}: ignored", agent_id=aid)
             elif tasks.is_terminal(task.state):
                 if not tasks.is_terminal(state):  # its framework was told it ended
                     plan.kill_unrecorded.append((fid, tid))
@@ -273,10 +277,11 @@ class AgentHandlers(MasterState):
                 if fid in self.removed_frameworks:
                     shutdown.add(fid)
                 else:
-                    self.anomalies.append(f"update for unknown framework {fid!r} dropped")
+                    self._notice("update_unknown_framework",
+                                 f"update for unknown framework {fid!r} dropped")
                 continue
             if st.state not in tasks.STORABLE:
-                self.anomalies.append(f"update {fid}/{st.task_id}: bad state {st.state}")
+                self._notice("update_bad_state", f"update {fid}/{st.task_id}: bad state {st.state}")
                 continue
             task = self.tasks.get((fid, st.task_id))
             if task is not None and task.agent_id == agent.agent_id:
@@ -287,8 +292,8 @@ class AgentHandlers(MasterState):
                     status.agent_id = agent.agent_id
                     self._set_status(task, status)
                 else:  # older than what the master knows (e.g. RUNNING after KILLING)
-                    self.anomalies.append(
-                        f"update {fid}/{st.task_id}: {tasks.name(task.state)} -> "
+                    self._notice(
+                        "update_stale", f"update {fid}/{st.task_id}: {tasks.name(task.state)} -> "
                         f"{tasks.name(st.state)} not applied (stale)")
             if not st.agent_id:
                 st = copy_status(st)
@@ -344,7 +349,8 @@ class AgentHandlers(MasterState):
     def _logs_reply(self, agent: Agent, reply: agent_pb2.AgentCall.LogsReply) -> list[Command]:
         req = self.log_requests.get(reply.request_id)
         if req is None or req.agent_id != agent.agent_id:
-            self.anomalies.append(f"logs reply for unknown request {reply.request_id!r}")
+            self._notice("logs_reply_unknown",
+                         f"logs reply for unknown request {reply.request_id!r}")
             return []
         if reply.eof or reply.error:
             del self.log_requests[reply.request_id]

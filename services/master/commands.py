@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from schemas import agent_pb2, bus_pb2, internal_pb2, operator_pb2, scheduler_pb2
+from services.notice import Notice
 
 
 @dataclass(frozen=True)
@@ -75,4 +76,5 @@ class PersistRegistry:
     document: dict[str, object]
 
 
-Command = ToAgent | ToFramework | ToBroker | ToOperator | Reject | Publish | PersistRegistry
+Command = (ToAgent | ToFramework | ToBroker | ToOperator | Reject | Publish | PersistRegistry
+           | Notice)

@@ -66,11 +66,20 @@ class MasterCore(AgentHandlers, FrameworkHandlers):
                  heartbeat_interval_ms: int = 1000,
                  recovered_registry: Mapping[str, object] | None = None,
                  max_completed_tasks: int = MAX_COMPLETED_TASKS,
+                 cluster_id: str = "", id_prefix: str = "",
                  now: float | None = None) -> None:
+        """`cluster_id`: a fresh id, used when the registry has none (a new cluster); the
+        registry's is kept otherwise. `id_prefix`: unique to this leadership (see state.py)."""
         super().__init__(master_id, epoch, agent_reregister_window_s=agent_reregister_window_s,
                          heartbeat_interval_ms=heartbeat_interval_ms,
-                         max_completed_tasks=max_completed_tasks)
+                         max_completed_tasks=max_completed_tasks, cluster_id=cluster_id,
+                         id_prefix=id_prefix)
         self._offer_prefix: str | None = None
+        kept = str((recovered_registry or {}).get("cluster_id") or "")
+        if kept:
+            self.cluster_id = kept
+        elif self.cluster_id:
+            self._registry_changed()  # a new cluster: its id is written once, now
         if recovered_registry:
             self._recover(recovered_registry)
         if now is not None:  # else the first call's `now` starts the clocks
@@ -429,6 +438,21 @@ class MasterCore(AgentHandlers, FrameworkHandlers):
             self._touch("role", sw.role)
             self._registry_changed()
             return [done(f"role {sw.role} weight {sw.weight:g}")]
+        if kind == "teardown_framework":
+            fid = call.teardown_framework.framework_id
+            fw = self.frameworks.get(fid)
+            if fw is None:
+                if fid in self.removed_frameworks:
+                    return [done(f"framework {fid} was already removed")]
+                return reject(bus_pb2.NOT_FOUND, f"framework {fid!r} is unknown")
+            out = []
+            if fw.peer is not None:  # its scheduler learns it is gone, and must not resubscribe
+                out.append(ToFramework(fw.peer, fid, scheduler_pb2.SchedulerEvent(
+                    error=scheduler_pb2.SchedulerEvent.Error(
+                        message=f"framework {fid} ({fw.info.name}) was removed by the operator"))))
+            count = len(fw.tasks)
+            out += self._remove_framework(fw, "removed by the operator")
+            return [*out, done(f"framework {fid} removed; {count} tasks killed")]
         return reject(bus_pb2.UNKNOWN_PAYLOAD, "OperatorCall carries no call")
 
     def _find_task(self, framework_id: str, task_id: str) -> tuple[Task | None, str]:

@@ -120,7 +120,8 @@ class FrameworkHandlers(MasterState):
         self._touch("framework", fid)
         out.append(ToFramework(peer, fid, Event(subscribed=Event.Subscribed(
             framework_id=fid, heartbeat_interval_ms=self.heartbeat_interval_ms,
-            master_id=self.master_id, master_epoch=self.epoch))))
+            master_id=self.master_id, master_epoch=self.epoch,
+            cluster_id=self.cluster_id))))
         return out
 
     def _framework_disconnected(self, fw: Framework) -> list[Command]:

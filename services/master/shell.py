@@ -5,12 +5,11 @@
 from __future__ import annotations
 
 import json
-import time
+import uuid
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-import zmq
 from google.protobuf.json_format import MessageToDict
 from opentelemetry import trace
 from opentelemetry.trace import Link, Span, Status, StatusCode
@@ -20,12 +19,10 @@ from services import tasks
 from services.bus import codec
 from services.bus.epoch import EpochFence
 from services.bus.log import get_logger
-from services.bus.peer import HeartbeatConfig, RouterServer, Sender
+from services.bus.peer import RouterServer
 from services.bus.reactor import Reactor
 from services.bus.statestream import StatePublisher
-from services.bus.stats import Stats
 from services.master.commands import (
-    Command,
     PersistRegistry,
     Publish,
     Reject,
@@ -36,8 +33,8 @@ from services.master.commands import (
 )
 from services.master.core import MasterCore
 from services.master.registry import Registry, StaleEpoch, registry_from_url
-from services.shell.http import Response, StatusServer, json_response, text_response
-from services.shell.leader import LeaderLifecycle
+from services.shell.http import Response, json_response
+from services.shell.service import ServiceKit
 from services.telemetry import extract, span_traceparent, spans
 
 log = get_logger("master")
@@ -49,6 +46,7 @@ RECONCILIATION = common_pb2.TaskStatus.Reason.REASON_RECONCILIATION
 Role = codec.Role
 FRONT_PAYLOADS = frozenset({"agent_call", "scheduler_call", "operator_call"})
 INTERNAL_ROLES = frozenset({Role.Value("ROLE_BROKER"), Role.Value("ROLE_ALLOCATOR")})
+MAX_TIMED_LAUNCHES = 100_000  # launches awaiting RUNNING for the latency histogram
 
 
 @dataclass
@@ -65,70 +63,68 @@ class MasterConfig:
     heartbeat_interval: float = 1.0
     max_missed: int = 5
     agent_reregister_window_s: float = 60.0
-    tick_interval: float = 0.25
 
 
-class MasterShell:
+class MasterShell(ServiceKit):
     def __init__(self, config: MasterConfig, reactor: Reactor | None = None) -> None:
+        super().__init__("master", config.master_id, Role.Value("ROLE_MASTER"),
+                         host=config.host, http_port=config.http_port,
+                         heartbeat_interval=config.heartbeat_interval,
+                         max_missed=config.max_missed, reactor=reactor)
         self.config = config
-        self.reactor = reactor or Reactor()
-        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        self.stats = Stats()
-        self.sender = Sender(config.master_id, Role.Value("ROLE_MASTER"))
-        beat = HeartbeatConfig(config.heartbeat_interval, config.max_missed)
         tcp = f"tcp://{config.host}"
         self.front = RouterServer(
             self.reactor, self.ctx, f"{tcp}:{config.front_port or '*'}", self.sender,
-            self._on_front, on_peer_gone=self._on_peer_gone, heartbeat=beat, stats=self.stats,
-            name="front")
+            self._on_front, on_peer_gone=self._on_peer_gone, heartbeat=self.beat,
+            stats=self.stats, name="front")
         self.internal = RouterServer(
             self.reactor, self.ctx, f"{tcp}:{config.internal_port or '*'}", self.sender,
-            self._on_internal, on_peer_gone=self._on_peer_gone, heartbeat=beat,
+            self._on_internal, on_peer_gone=self._on_peer_gone, heartbeat=self.beat,
             stats=self.stats, fence=EpochFence(INTERNAL_ROLES), name="internal")
         self.publisher = StatePublisher(
             self.reactor, self.ctx, self.sender, pub_bind=f"{tcp}:{config.pub_port or '*'}",
             snapshot_bind=f"{tcp}:{config.snapshot_port or '*'}", epoch=0,
             heartbeat_interval=config.heartbeat_interval, stats=self.stats)
         self.publisher.deactivate()
-        self.http = StatusServer(self.reactor, config.host, config.http_port, {
-            "/health": self._http_health, "/state": self._http_state,
-            "/metrics": self._http_metrics})
-        self.endpoints = {
+        self.endpoints.update({
             "front": self.front.endpoint, "internal": self.internal.endpoint,
-            "pub": self.publisher.pub_endpoint, "snapshot": self.publisher.snapshot_endpoint,
-            "http": self.http.url,
-        }
+            "pub": self.publisher.pub_endpoint, "snapshot": self.publisher.snapshot_endpoint})
+        self.start_http({"/state": self._http_state})
         self.registry: Registry = registry_from_url(config.registry_url)
         self.core: MasterCore | None = None
         self._broker: tuple[bytes, int] | None = None  # the broker's peer and epoch
-        self.failovers = 0
         self._pending_publish: list[bus_pb2.StateEntry] = []
+        self._traceparent = ""  # of the call whose commands are being carried out
+        self._staged: dict[tuple[str, str], float] = {}  # launch sent -> RUNNING, for latency
+        self._register_metrics()
+        self._register_handlers()
         self.reactor.on_idle(self._flush)
-        self.reactor.every(config.tick_interval, self._tick)
-        self.leader = LeaderLifecycle(self.reactor, config.election_url, "master",
-                                      config.master_id, self.endpoints,
-                                      lead=self._lead, step_down=self._step_down)
+        self.join_election(config.election_url, lead=self._lead, step_down=self._step_down)
         log.info("master started", id=config.master_id, **self.endpoints)
 
     # -- leadership ----------------------------------------------------------------------
     def _lead(self, epoch: int) -> None:
-        self.sender.epoch = epoch
         self._broker = None
         recovered = self.registry.load()
+        # Randomness lives here, not in the core: a fresh cluster id (kept only when the
+        # registry has none) and an id prefix unique to this leadership.
         self.core = MasterCore(
             self.config.master_id, epoch,
             agent_reregister_window_s=self.config.agent_reregister_window_s,
             heartbeat_interval_ms=int(self.config.heartbeat_interval * 1000),
-            recovered_registry=recovered, now=time.time())
-        self.failovers += 1
+            recovered_registry=recovered, cluster_id=uuid.uuid4().hex,
+            id_prefix=f"{uuid.uuid4().hex[:8]}-{epoch}", now=self.driver.now())
         self.publisher.restart(epoch, self.core.snapshot_entries())
-        log.info("leading", epoch=epoch,
+        self.driver.attach(self.core)
+        log.info("leading", epoch=epoch, cluster_id=self.core.cluster_id,
                  recovered_agents=len((recovered or {}).get("agents", {})),
                  recovered_frameworks=len((recovered or {}).get("frameworks", {})))
 
     def _step_down(self, reason: str) -> None:
+        self.driver.detach()
         self.core = None
         self._pending_publish.clear()
+        self._staged.clear()
         self.publisher.deactivate()
 
     # -- inbound -------------------------------------------------------------------------
@@ -142,14 +138,15 @@ class MasterShell:
         core = self._core_or_reject(self.front, peer, env)
         if core is None:
             return
-        now = time.time()
+        self._traceparent = env.traceparent
         if kind == "agent_call":
-            cmds = core.agent_call(peer, env.agent_call, now)
+            self.driver.step(lambda now: core.agent_call(peer, env.agent_call, now))
         elif kind == "scheduler_call":
-            cmds = core.scheduler_call(peer, env.scheduler_call, env.message_id, now)
+            self.driver.step(lambda now: core.scheduler_call(
+                peer, env.scheduler_call, env.message_id, now))
         else:
-            cmds = core.operator_call(peer, env.operator_call, env.message_id, now)
-        self._run(cmds, env.traceparent)
+            self.driver.step(lambda now: core.operator_call(
+                peer, env.operator_call, env.message_id, now))
 
     def _on_internal(self, peer: bytes, env: codec.Envelope) -> None:
         if env.sender_role not in INTERNAL_ROLES or codec.payload_kind(env) != "internal":
@@ -160,24 +157,23 @@ class MasterShell:
         core = self._core_or_reject(self.internal, peer, env)
         if core is None:
             return
-        now = time.time()
-        cmds: list[Command] = []
+        self._traceparent = env.traceparent
         if env.sender_role == Role.Value("ROLE_BROKER") and self._broker != (peer, env.epoch):
             # A new broker (or the same one on a new connection): offers relayed from an
             # older broker epoch are rescinded to their frameworks.
             self._broker = (peer, env.epoch)
-            cmds += core.broker_connected(peer, offer_prefix=str(env.epoch), now=now)
-        traceparent = env.traceparent
+            self.driver.step(lambda now: core.broker_connected(
+                peer, offer_prefix=str(env.epoch), now=now))
         span: Span | None = None
         if env.internal.WhichOneof("kind") == "launch_request":
             # The launch continues the broker's validate span; the core records the launch
             # span's traceparent on the tasks and hands it to the agent with each task.
-            span = self._launch_span(env.internal.launch_request, traceparent)
-            traceparent = span_traceparent(span)
-        cmds += core.internal_message(peer, env.internal, now, traceparent)
+            span = self._launch_span(env.internal.launch_request, self._traceparent)
+            self._traceparent = span_traceparent(span)
+        tp = self._traceparent
+        cmds = self.driver.step(lambda now: core.internal_message(peer, env.internal, now, tp))
         if span is not None:
             self._end_launch(span, cmds)
-        self._run(cmds, traceparent)
 
     def _launch_span(self, req: internal_pb2.InternalMessage.LaunchRequest,
                      traceparent: str) -> Span:
@@ -188,7 +184,7 @@ class MasterShell:
                              if op.WhichOneof("operation") == "launch"
                              for t in op.launch.tasks]})
 
-    def _end_launch(self, span: Span, cmds: list[Command]) -> None:
+    def _end_launch(self, span: Span, cmds: list[object]) -> None:
         result = next((c.message.launch_result for c in cmds if isinstance(c, ToBroker)
                        and c.message.WhichOneof("kind") == "launch_result"), None)
         if result is not None and not result.accepted:
@@ -228,52 +224,73 @@ class MasterShell:
         return self.core
 
     def _on_peer_gone(self, peer: bytes) -> None:
-        if self.core is not None:
-            self._run(self.core.peer_gone(peer, time.time()), "")
+        core = self.core
+        if core is not None:
+            self._traceparent = ""
+            self.driver.step(lambda now: core.peer_gone(peer, now))
 
-    def _tick(self) -> None:
-        if self.core is not None:
-            self._run(self.core.tick(time.time()), "")
+    # -- outbound: the core's commands, by type ------------------------------------------
+    def _register_handlers(self) -> None:
+        on = self.driver.on
+        on(ToAgent, self._to_agent)
+        on(ToFramework, self._to_framework)
+        on(ToBroker, self._to_broker)
+        on(ToOperator, self._to_operator)
+        on(Reject, lambda c: self._reject(self.internal if c.channel == "internal"
+                                          else self.front, c.peer, c.code, c.message,
+                                          c.in_reply_to))
+        on(Publish, lambda c: self._pending_publish.extend(c.entries))
+        on(PersistRegistry, lambda c: self._persist(c.document))
 
-    # -- outbound ------------------------------------------------------------------------
-    def _run(self, cmds: list[Command], traceparent: str) -> None:
-        for cmd in cmds:
-            if isinstance(cmd, ToAgent):
-                if cmd.event.WhichOneof("event") == "run_tasks":
-                    launches = cmd.event.run_tasks.launches
-                    log.info("launching", agent=cmd.agent_id, count=len(launches),
-                             framework=launches[0].framework_id if launches else "")
-                env = codec.Envelope(traceparent=cmd.traceparent or traceparent)
-                env.agent_event.CopyFrom(cmd.event)
-                self._send(self.front, cmd.peer, env)
-            elif isinstance(cmd, ToFramework):
-                kind = cmd.event.WhichOneof("event")
-                tp = cmd.traceparent or traceparent
-                if kind == "offers" and not tp and cmd.event.offers.offers:
-                    tp = cmd.event.offers.offers[0].traceparent  # each offer keeps its own
-                elif kind == "update":
-                    self._trace_updates(cmd.framework_id, cmd.event.update)
-                env = codec.Envelope(traceparent=tp)
-                env.scheduler_event.CopyFrom(cmd.event)
-                self._send(self.front, cmd.peer, env)
-            elif isinstance(cmd, ToBroker):
-                if not cmd.peer:
-                    self.stats.inc("frames_unsent{reason=no_broker}")
-                    continue
-                env = codec.Envelope(traceparent=cmd.traceparent or traceparent)
-                env.internal.CopyFrom(cmd.message)
-                self._send(self.internal, cmd.peer, env)
-            elif isinstance(cmd, ToOperator):
-                env = codec.Envelope(in_reply_to=cmd.in_reply_to)
-                env.operator_event.CopyFrom(cmd.event)
-                self._send(self.front, cmd.peer, env)
-            elif isinstance(cmd, Reject):
-                server = self.internal if cmd.channel == "internal" else self.front
-                self._reject(server, cmd.peer, cmd.code, cmd.message, cmd.in_reply_to)
-            elif isinstance(cmd, Publish):
-                self._pending_publish.extend(cmd.entries)
-            elif isinstance(cmd, PersistRegistry):
-                self._persist(cmd.document)
+    def _to_agent(self, cmd: ToAgent) -> None:
+        if cmd.event.WhichOneof("event") == "run_tasks":
+            launches = cmd.event.run_tasks.launches
+            log.info("launching", agent=cmd.agent_id, count=len(launches),
+                     framework=launches[0].framework_id if launches else "")
+            now = self.driver.now()
+            for launch in launches:
+                if len(self._staged) < MAX_TIMED_LAUNCHES:
+                    self._staged[(launch.framework_id, launch.task.task_id)] = now
+        env = codec.Envelope(traceparent=cmd.traceparent or self._traceparent)
+        env.agent_event.CopyFrom(cmd.event)
+        self._send(self.front, cmd.peer, env)
+
+    def _to_framework(self, cmd: ToFramework) -> None:
+        kind = cmd.event.WhichOneof("event")
+        tp = cmd.traceparent or self._traceparent
+        if kind == "offers" and not tp and cmd.event.offers.offers:
+            tp = cmd.event.offers.offers[0].traceparent  # each offer keeps its own
+        elif kind == "update":
+            self._trace_updates(cmd.framework_id, cmd.event.update)
+            self._time_launches(cmd.framework_id, cmd.event.update)
+        env = codec.Envelope(traceparent=tp)
+        env.scheduler_event.CopyFrom(cmd.event)
+        self._send(self.front, cmd.peer, env)
+
+    def _to_broker(self, cmd: ToBroker) -> None:
+        if not cmd.peer:
+            self.stats.inc("frames_unsent{reason=no_broker}")
+            return
+        env = codec.Envelope(traceparent=cmd.traceparent or self._traceparent)
+        env.internal.CopyFrom(cmd.message)
+        self._send(self.internal, cmd.peer, env)
+
+    def _to_operator(self, cmd: ToOperator) -> None:
+        env = codec.Envelope(in_reply_to=cmd.in_reply_to)
+        env.operator_event.CopyFrom(cmd.event)
+        self._send(self.front, cmd.peer, env)
+
+    def _time_launches(self, framework_id: str,
+                       update: scheduler_pb2.SchedulerEvent.Update) -> None:
+        """Launch latency: RunTasks sent to the agent until the task's first RUNNING (or its
+        end, when it never ran)."""
+        now = self.driver.now()
+        for st in update.statuses:
+            if st.state == tasks.RUNNING or tasks.is_terminal(st.state):
+                sent = self._staged.pop((framework_id, st.task_id), None)
+                if sent is not None:
+                    self._launch_seconds.labels(
+                        "running" if st.state == tasks.RUNNING else "ended").observe(now - sent)
 
     def _send(self, server: RouterServer, peer: bytes, env: codec.Envelope) -> None:
         if not server.send(peer, env):
@@ -282,7 +299,7 @@ class MasterShell:
 
     def _reject(self, server: RouterServer, peer: bytes, code: int, message: str,
                 in_reply_to: str) -> None:
-        self.stats.inc(f"calls_rejected{{code={code}}}")
+        self.stats.inc(f"calls_rejected{{code={bus_pb2.ErrorCode.Name(code)}}}")  # type: ignore[arg-type]
         env = codec.error_envelope(code, message)
         env.in_reply_to = in_reply_to
         server.send(peer, env)
@@ -293,26 +310,25 @@ class MasterShell:
         except StaleEpoch as exc:
             log.error("registry fenced: a newer master leads; stepping down", error=str(exc))
             self._step_down("registry fenced")
-            self.leader.epoch = None
+            if self.leader is not None:
+                self.leader.epoch = None
 
     def _flush(self) -> None:
         if self._pending_publish and self.core is not None:
             entries, self._pending_publish = self._pending_publish, []
             self.publisher.publish(entries)
 
-    # -- HTTP ----------------------------------------------------------------------------
-    def _http_health(self, query: dict[str, list[str]]) -> Response:
-        body = {"service": "master", "id": self.config.master_id,
-                "leading": self.core is not None, "epoch": self.leader.epoch,
-                "endpoints": self.endpoints}
-        return Response(200 if self.core is not None else 503, "application/json",
-                        json.dumps(body).encode())
+    # -- HTTP and metrics ----------------------------------------------------------------
+    def health(self) -> dict[str, Any]:
+        return {"cluster_id": self.core.cluster_id if self.core is not None else None}
 
     def _http_state(self, query: dict[str, list[str]]) -> Response:
         if self.core is None:
             return Response(503, "application/json",
                             json.dumps({"leading": False, "id": self.config.master_id}).encode())
-        state: dict[str, Any] = {"master_id": self.config.master_id, "epoch": self.leader.epoch,
+        state: dict[str, Any] = {"master_id": self.config.master_id,
+                                 "epoch": self.leader.epoch if self.leader else None,
+                                 "cluster_id": self.core.cluster_id,
                                  "agents": [], "frameworks": [], "tasks": [], "roles": []}
         for entry in self.core.snapshot_entries():
             kind = entry.value.WhichOneof("kind")
@@ -321,40 +337,34 @@ class MasterShell:
                 state[f"{kind}s"].append(MessageToDict(record, preserving_proto_field_name=True))
         return json_response(json.dumps(state, sort_keys=True).encode())
 
-    def _http_metrics(self, query: dict[str, list[str]]) -> Response:
-        lines = [self.stats.prometheus("offerbus_master_")]
-        leading = int(self.core is not None)
-        lines.append(f"offerbus_master_elected {leading}\n")
-        lines.append(f"offerbus_master_epoch {self.leader.epoch or 0}\n")
-        lines.append(f"offerbus_master_leaderships_total {self.failovers}\n")
-        if self.core is not None:
-            agents: Counter[str] = Counter()
-            tasks: Counter[str] = Counter()
-            frameworks = 0
-            for entry in self.core.snapshot_entries():
-                kind = entry.value.WhichOneof("kind")
-                if kind == "agent":
-                    agents[state_pb2.AgentRecord.Status.Name(entry.value.agent.status)] += 1
-                elif kind == "task":
-                    tasks[common_pb2.TaskState.Name(entry.value.task.status.state)] += 1
-                elif kind == "framework":
-                    frameworks += 1
-            for status, n in sorted(agents.items()):
-                lines.append(f'offerbus_master_agents{{status="{status}"}} {n}\n')
-            for state, n in sorted(tasks.items()):
-                lines.append(f'offerbus_master_tasks{{state="{state}"}} {n}\n')
-            lines.append(f"offerbus_master_frameworks {frameworks}\n")
-        return text_response("".join(lines))
+    def _register_metrics(self) -> None:
+        m = self.metrics
+        self._launch_seconds = m.histogram(
+            "launch_seconds", "Launch latency: tasks sent to their agent until RUNNING (or "
+            "their end, when they never ran).", ("outcome",))
+        m.labelled_gauge("agents", "Agents known to the leading master, by status.", "status",
+                         lambda: self._count("agent"))
+        m.labelled_gauge("tasks", "Tasks known to the leading master, by state.", "state",
+                         lambda: self._count("task"))
+        m.gauge("frameworks", "Frameworks known to the leading master.",
+                value=lambda: float(len(self.core.frameworks)) if self.core else 0.0)
+
+    def _count(self, kind: str) -> dict[str, float]:
+        counts: Counter[str] = Counter()
+        if self.core is None:
+            return {}
+        if kind == "agent":
+            for a in self.core.agents.values():
+                counts[state_pb2.AgentRecord.Status.Name(a.status)] += 1
+        else:
+            for t in self.core.tasks.values():
+                counts[common_pb2.TaskState.Name(t.state)] += 1
+        return {k: float(v) for k, v in counts.items()}
 
     # -- lifecycle -----------------------------------------------------------------------
-    def run(self) -> None:
-        self.reactor.run()
-
-    def close(self) -> None:
-        self.leader.close()
-        self.http.close()
-        self.front.close()
-        self.internal.close()
-        self.publisher.close()
-        self.registry.close()
-        self.ctx.destroy(linger=0)
+    def close(self, linger_ms: int = 0) -> None:
+        self.on_close(self.registry.close)
+        self.on_close(self.publisher.close)
+        self.on_close(self.internal.close)
+        self.on_close(self.front.close)
+        super().close(linger_ms)

@@ -31,6 +31,7 @@ from services.master.commands import (
     ToFramework,
     ToOperator,
 )
+from services.notice import Notice
 from services.resources import UNRESERVED, Resources
 
 AgentStatus = state_pb2.AgentRecord.Status
@@ -178,9 +179,16 @@ class MasterState:
     """The tables, and the helpers that keep them, the stream and the registry in step."""
 
     def __init__(self, master_id: str, epoch: int, *, agent_reregister_window_s: float,
-                 heartbeat_interval_ms: int, max_completed_tasks: int) -> None:
+                 heartbeat_interval_ms: int, max_completed_tasks: int,
+                 cluster_id: str = "", id_prefix: str = "") -> None:
         self.master_id = master_id
         self.epoch = epoch
+        # The cluster's id: the registry's, else `cluster_id` (a fresh one the shell made),
+        # which the next registry write then keeps for good (see MasterCore._recover).
+        self.cluster_id = cluster_id
+        # Agent and framework ids are "<id_prefix>-S<n>" / "-F<n>": the shell gives a prefix
+        # unique to this leadership, so ids never repeat across clusters or registry resets.
+        self.id_prefix = id_prefix or master_id
         self.agent_reregister_window_s = agent_reregister_window_s
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self.max_completed_tasks = max_completed_tasks
@@ -197,7 +205,7 @@ class MasterState:
         self.broker: bytes = b""
         self.log_requests: dict[str, LogRequest] = {}
         self.started_at: float | None = None
-        self.anomalies: list[str] = []  # input ignored or corrected, for the shell to count
+        self._notices: list[Notice] = []  # input ignored or corrected, this call
         self._task_ids: dict[str, set[str]] = {}  # task_id -> framework ids having it
         self._seq = {"agent": 0, "framework": 0, "logs": 0}
         # Per call:
@@ -230,7 +238,12 @@ class MasterState:
         self._dirty = {}
         self._registry_dirty = False
         self._updates = {}
-        return head + out
+        notices, self._notices = self._notices, []
+        return head + out + notices
+
+    def _notice(self, kind: str, message: str, **facts: str | int | float | bool) -> None:
+        """Input ignored or corrected: a Notice (logged, counted) at the end of this call."""
+        self._notices.append(Notice.of(kind, message, "warning", **facts))
 
     def _touch(self, *key: str) -> None:
         self._dirty[key] = None
@@ -282,7 +295,8 @@ class MasterState:
                              "registered_at_us": us(f.registered_at)}
             for f in self.frameworks.values()}
         roles: dict[str, object] = {r: {"weight": rec.weight} for r, rec in self.roles.items()}
-        return {"agents": dict(sorted(agents.items())),
+        return {"cluster_id": self.cluster_id,
+                "agents": dict(sorted(agents.items())),
                 "frameworks": dict(sorted(frameworks.items())),
                 "roles": dict(sorted(roles.items()))}
 
@@ -294,7 +308,7 @@ class MasterState:
         used = set(taken)
         while True:
             self._seq[kind] += 1
-            candidate = f"{self.master_id}-{letter}{self._seq[kind]}"
+            candidate = f"{self.id_prefix}-{letter}{self._seq[kind]}"
             if candidate not in used:
                 return candidate
 

@@ -1,2 +1,3 @@
-"""What every service shell shares: the HTTP status endpoint, the leader lifecycle of the
-central services, and process plumbing (signals, logging)."""
+"""The service kit: what every service process shares: configuration (flags, TOML,
+`OFFERBUS_*`), the reactor and ZeroMQ context, metrics, the status HTTP server, the leader
+lifecycle of the elected services, the core driver, and one `main()`."""

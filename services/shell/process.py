@@ -1,23 +1,18 @@
-"""Process plumbing shared by every service's `__main__`: logging, SIGTERM/SIGINT to a clean
-stop, and the `--cluster` URL that names where election and registry live."""
+"""Process plumbing shared by every service's `__main__`: the one `main()` (configuration,
+logging, tracing), and SIGTERM/SIGINT to a clean stop."""
 
 from __future__ import annotations
 
-import argparse
 import signal
+import sys
+from collections.abc import Callable, Sequence
 from types import FrameType
-from typing import Protocol
+from typing import Any, Protocol
 
 from services.bus import log
 from services.bus.reactor import Reactor
-
-
-def add_cluster_args(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--cluster", required=True,
-                    help="zk://host:port[,host:port]/chroot (ZooKeeper) or file:///run/dir "
-                         "(standalone, one machine): where leaders are elected and found")
-    ap.add_argument("--host", default="127.0.0.1", help="address to bind and advertise")
-    ap.add_argument("--log-level", default=None, help="DEBUG, INFO (default), WARNING")
+from services.shell import config
+from services.shell.config import Option
 
 
 def stop_on_signals(reactor: Reactor) -> None:
@@ -47,3 +42,32 @@ def serve(shell: Service) -> int:
     finally:
         shell.close()
     return 0
+
+
+def main(service: str, options: Sequence[Option], build: Callable[[dict[str, Any]], Service],
+         argv: Sequence[str] | None = None, description: str | None = None,
+         trace_attributes: Callable[[Any], dict[str, str]] | None = None) -> int:
+    """The one `main()` of every service: options from flags, `OFFERBUS_*` and a TOML file
+    (checked: exit 2 with a clear line on a bad value), logging, the shell `build(values)`
+    makes (a ValueError there is a bad value too), tracing (resource attributes from
+    `trace_attributes(shell)`, else the id), then serve until SIGTERM/SIGINT."""
+    from services import telemetry
+
+    try:
+        values = config.load(service, [*config.COMMON, *options], argv,
+                             description=description)
+    except config.ConfigError as exc:
+        print(f"offerbus-{service}: {exc}", file=sys.stderr)
+        return 2
+    setup(service, values["log_level"])
+    try:
+        shell = build(values)
+    except ValueError as exc:
+        print(f"offerbus-{service}: {exc}", file=sys.stderr)
+        return 2
+    attributes = trace_attributes(shell) if trace_attributes else {"id": str(values["id"])}
+    telemetry.setup(f"offerbus-{service}", batch=True, **attributes)
+    try:
+        return serve(shell)
+    finally:
+        telemetry.shutdown()  # flush the last spans

@@ -15,9 +15,11 @@ from services.agent.core import (
     Registration,
     SaveAgentId,
     SaveState,
+    StopContainers,
     ToExecutor,
     ToMaster,
 )
+from services.executor.runtime import LABEL_AGENT, LABEL_CLUSTER, LABEL_EXECUTOR
 from services.resources import Resources
 
 S = common_pb2.TaskState
@@ -44,13 +46,14 @@ def durable(core: AgentCore, cmds: list[Command], now: float) -> list[Command]:
     return out
 
 
-def registered(core: AgentCore, now: float = 0.0) -> list[Command]:
+def registered(core: AgentCore, now: float = 0.0, cluster_id: str = "C1") -> list[Command]:
     cmds = core.master_detected(now)
     assert isinstance(cmds[0], ToMaster) and cmds[0].call.WhichOneof("call") in (
         "register", "reregister")
     ev = agent_pb2.AgentEvent()
     ev.registered.agent_id = core.agent_id or "S1"
     ev.registered.master_epoch = 7
+    ev.registered.cluster_id = cluster_id
     return durable(core, core.master_event(ev, now), now)
 
 
@@ -79,6 +82,16 @@ def update(core: AgentCore, executor_id: str, task_id: str, state: int,
     call.update.status.CopyFrom(common_pb2.TaskStatus(task_id=task_id, state=state, uuid=u,  # type: ignore[arg-type]
                                                       source=common_pb2.TaskStatus.SOURCE_EXECUTOR))
     return u, durable(core, core.executor_call(b"e1", call, now), now)
+
+
+def ack_all(core: AgentCore, now: float) -> None:
+    """Play the framework: acknowledge the head update of every stream."""
+    for (framework_id, task_id), stream in list(core.updates.streams.items()):
+        if stream.pending:
+            ev = agent_pb2.AgentEvent()
+            ev.acknowledgements.acks.add(framework_id=framework_id, task_id=task_id,
+                                         uuid=stream.pending[0].update.status.uuid)
+            durable(core, core.master_event(ev, now), now)
 
 
 def test_first_registration_saves_the_assigned_id() -> None:
@@ -141,10 +154,24 @@ def test_an_executor_that_dies_fails_its_task() -> None:
     ex_id = next(c for c in run_task(core, "t1") if isinstance(c, LaunchExecutor)).executor_id
     subscribe(core, ex_id)
     update(core, ex_id, "t1", S.TASK_RUNNING)
-    cmds = durable(core, core.executor_exited(ex_id, 2.0), 2.0)
+    [stop] = durable(core, core.executor_exited(ex_id, 2.0), 2.0)
+    # Its container first: the task is not reported while the container may still run.
+    assert isinstance(stop, StopContainers) and stop.executor_id == ex_id
+    assert dict(stop.labels) == {LABEL_CLUSTER: "C1", LABEL_AGENT: "S1", LABEL_EXECUTOR: ex_id}
+    assert core.executors[ex_id].state == S.TASK_RUNNING
+    forwarded = [u.status.state for c in durable(core, core.tick(2.5), 2.5)
+                 if isinstance(c, ToMaster) for u in c.call.status_updates.updates]
+    assert S.TASK_FAILED not in forwarded
+    ack_all(core, 2.6)
+    cmds = durable(core, core.containers_stopped(ex_id, ["c0ffee"], "", 3.0), 3.0)
     assert any(isinstance(c, ToMaster) and c.call.WhichOneof("call") == "executor_exited"
                for c in cmds)
     assert core.executors[ex_id].state == S.TASK_FAILED
+    [fwd] = [c for c in durable(core, core.tick(3.0), 3.0) if isinstance(c, ToMaster)]
+    [failed] = [u.status for u in fwd.call.status_updates.updates]
+    assert failed.state == S.TASK_FAILED
+    assert failed.reason == common_pb2.TaskStatus.REASON_EXECUTOR_TERMINATED
+    assert "container was stopped" in failed.message
 
 
 def test_unknown_executor_is_told_to_shut_down() -> None:
@@ -203,5 +230,7 @@ def test_executor_that_never_comes_back_after_restart_fails_its_task() -> None:
     registered(again, 10.0)
     durable(again, again.tick(15.0), 15.0)
     assert again.executors[ex_id].state == S.TASK_STAGING
-    durable(again, again.tick(21.0), 21.0)
+    [stop] = durable(again, again.tick(21.0), 21.0)
+    assert isinstance(stop, StopContainers) and again.executors[ex_id].state == S.TASK_STAGING
+    durable(again, again.containers_stopped(ex_id, [], "", 21.5), 21.5)
     assert again.executors[ex_id].state == S.TASK_FAILED

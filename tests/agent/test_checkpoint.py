@@ -226,3 +226,18 @@ def test_corrupt_state_is_an_error_not_a_fresh_start(tmp_path: Path) -> None:
     (tmp_path / cp.AGENT_ID_NAME).write_bytes(b"\n")
     with pytest.raises(cp.CheckpointCorrupt):
         store.load_agent_id()
+
+
+def test_cluster_id_is_kept_apart_from_the_agent_id(tmp_path: Path) -> None:
+    store = cp.AgentCheckpoint(tmp_path / "work")
+    assert store.load_cluster_id() is None  # a fresh work dir, or one from before cluster ids
+    store.save_agent_id("agent-7")
+    store.save_cluster_id("cluster-a")
+    again = cp.AgentCheckpoint(tmp_path / "work")
+    assert (again.load_cluster_id(), again.load_agent_id()) == ("cluster-a", "agent-7")
+    for bad in ("", "two\nlines"):
+        with pytest.raises(ValueError):
+            store.save_cluster_id(bad)
+    (tmp_path / "work" / cp.CLUSTER_ID_NAME).write_bytes(b"\xff\xfe")
+    with pytest.raises(cp.CheckpointCorrupt):
+        store.load_cluster_id()

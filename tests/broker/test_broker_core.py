@@ -1,34 +1,28 @@
-"""The offer-broker's pure core: a unit test per rule of the offer lifecycle, then a
-hypothesis state machine checking that every allocated resource is always in exactly one
-place (offered, launching, returned to the allocator, or forgotten with its agent/broker)."""
+"""The offer-broker's pure core: a unit test per rule of the offer lifecycle (the state
+machine is in test_broker_machine.py; the decisions around it in test_broker_decisions.py)."""
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, settings
-from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from schemas import common_pb2, internal_pb2
-from services.broker.core import (
+from services.broker.commands import (
     AcceptRejected,
-    Anomaly,
-    BrokerCore,
     Command,
-    IllegalTransition,
+    Decision,
     LaunchRequest,
-    Offer,
-    OfferState,
     RecoverResources,
     Recovery,
     Rescind,
     SendOffers,
     coalesce,
-    refuse_seconds,
 )
+from services.broker.core import BrokerCore
+from services.broker.table import IllegalTransition, OfferState
+from services.broker.validation import refuse_seconds
+from services.notice import Notice
 from services.resources import Resources
 
 RR = common_pb2.RescindReason
@@ -64,16 +58,23 @@ def filters(refuse: float | None) -> common_pb2.Filters:
     return common_pb2.Filters() if refuse is None else common_pb2.Filters(refuse_seconds=refuse)
 
 
-def only(cmds: list[Command], cls: type[Any]) -> list[Any]:
-    return [c for c in cmds if isinstance(c, cls)]
+Out = list[Command] | Decision
 
 
-def recoveries(cmds: list[Command]) -> list[Recovery]:
-    return [r for c in only(cmds, RecoverResources) for r in c.recoveries]
+def commands(out: Out) -> list[Command]:
+    return out.commands if isinstance(out, Decision) else out
 
 
-def offer_ids(cmds: list[Command]) -> list[str]:
-    return [o.offer_id for c in only(cmds, SendOffers) for o in c.offers]
+def only(out: Out, cls: type[Any]) -> list[Any]:
+    return [c for c in commands(out) if isinstance(c, cls)]
+
+
+def recoveries(out: Out) -> list[Recovery]:
+    return [r for c in only(out, RecoverResources) for r in c.recoveries]
+
+
+def offer_ids(out: Out) -> list[str]:
+    return [o.offer_id for c in only(out, SendOffers) for o in c.offers]
 
 
 def make(n: int = 1, fw: str = "f1", agent: str = "a1", timeout: float | None = 30.0,
@@ -84,7 +85,7 @@ def make(n: int = 1, fw: str = "f1", agent: str = "a1", timeout: float | None = 
     return core, offer_ids(cmds)
 
 
-def rejected(cmds: list[Command]) -> AcceptRejected:
+def rejected(cmds: Out) -> AcceptRejected:
     (rej,) = only(cmds, AcceptRejected)
     assert not only(cmds, LaunchRequest)
     return rej
@@ -132,7 +133,7 @@ def test_allocation_beyond_agent_total_is_handed_back() -> None:
     assert len(offer_ids(cmds)) == 1
     (rec,) = recoveries(cmds)
     assert rec.allocation_id == "y" and rec.reason == RC.RECOVER_REASON_RESCINDED
-    assert only(cmds, Anomaly)[0].kind == "allocation_over_total"
+    assert only(cmds, Notice)[0].kind == "allocation_over_total"
     core.validate()
 
 
@@ -147,7 +148,7 @@ def test_duplicate_and_empty_allocations_are_dropped() -> None:
     core, _ = make()
     cmds = core.allocations([alloc("al0"), internal_pb2.Allocation(
         allocation_id="e", framework_id="f1", agent_id="a1")], T0)
-    assert [a.kind for a in only(cmds, Anomaly)] == ["allocation_dropped"] * 2
+    assert [a.kind for a in only(cmds, Notice)] == ["allocation_dropped"] * 2
     assert not offer_ids(cmds) and not recoveries(cmds)
 
 
@@ -325,7 +326,7 @@ def test_decline_recovers_under_the_filter(given: float | None, expected: float)
 def test_decline_of_foreign_or_unknown_offers_is_ignored() -> None:
     core, (oid,) = make()
     cmds = core.decline("f2", [oid, "nope"], None, T0)
-    assert not recoveries(cmds) and len(only(cmds, Anomaly)) == 2
+    assert not recoveries(cmds) and len(only(cmds, Notice)) == 2
     assert core.state(oid) is OfferState.OFFERED
 
 
@@ -357,7 +358,7 @@ def test_launch_refused_by_the_master() -> None:
     assert rec.resources == Resources.of(cpus=1, mem=100)
     assert core.state(oid) is OfferState.LAUNCH_FAILED
     again = core.launch_result(req.request_id, accepted=True)
-    assert [type(c) for c in again] == [Anomaly]
+    assert [type(c) for c in again] == [Notice]
     core.validate()
 
 
@@ -404,7 +405,7 @@ def test_rescind_all_empties_the_table_without_recovery() -> None:
     assert not recoveries(cmds)
     assert not core.outstanding_offers() and not core.pending_launches
     assert core.state(ids[0]) is OfferState.ABANDONED
-    assert only(core.launch_result(req.request_id, True), Anomaly)
+    assert only(core.launch_result(req.request_id, True), Notice)
     core.validate()
 
 
@@ -422,7 +423,7 @@ def test_coalesce_batches_a_drain_and_hides_offers_rescinded_within_it() -> None
     cmds = core.allocations([alloc("x", "f1"), alloc("y", "f2")], T0)
     cmds += core.allocations([alloc("z", "f1", "a2")], T0)
     cmds += core.agent_removed("a2", T0)
-    cmds += core.decline("f2", offer_ids(cmds)[1:2], None, T0)
+    cmds += core.decline("f2", offer_ids(cmds)[1:2], None, T0).commands
     out = coalesce(cmds)
     sends = only(out, SendOffers)
     assert [(s.framework_id, [o.offer_id for o in s.offers]) for s in sends] == [
@@ -442,307 +443,3 @@ def test_recovery_proto_always_carries_an_explicit_filter() -> None:
     assert list(resc.to_proto().framework_event.event.rescind.offer_ids) == ["o"]
     req = LaunchRequest("r", "f1", "a1", ("o",), (launch(task("t", cpus=1)),))
     assert req.to_proto().launch_request.operations[0].launch.tasks[0].task_id == "t"
-
-
-# -- the state machine -------------------------------------------------------------------
-
-AGENTS = ("a0", "a1", "a2")
-ROLES = {"f0": "*", "f1": "web", "f2": "web"}
-FRAMEWORKS = tuple(ROLES)
-TOTAL = Resources.of(cpus=8, mem=4096, ports=[(31000, 31007)])
-TIMEOUT = 10.0
-
-
-def ledger(r: Resources) -> Counter[Any]:
-    """Role-blind quantities, ports counted one by one, so a double count shows."""
-    c: Counter[Any] = Counter()
-    for (name, _), v in r.scalars.items():
-        c[name] += v
-    for (name, _), rs in r.ranges.items():
-        for lo, hi in rs:
-            c.update((name, p) for p in range(lo, hi + 1))
-    return c
-
-
-def tasks_of(ops: tuple[common_pb2.Operation, ...]) -> Resources:
-    total = Resources()
-    for op in ops:
-        for t in op.launch.tasks:
-            total += Resources.from_proto(t.resources)
-    return total
-
-
-FLAWS = {
-    "foreign": RJ.REJECT_REASON_OFFER_UNKNOWN,
-    "dead_offer": RJ.REJECT_REASON_OFFER_UNKNOWN,
-    "twice": RJ.REJECT_REASON_OFFER_UNKNOWN,
-    "mixed_agents": RJ.REJECT_REASON_OFFERS_MIXED_AGENTS,
-    "too_big": RJ.REJECT_REASON_RESOURCES_EXCEEDED,
-    "dup_task": RJ.REJECT_REASON_TASK_INVALID,
-    "empty_task": RJ.REJECT_REASON_TASK_INVALID,
-}
-
-
-class BrokerMachine(RuleBasedStateMachine):
-    """The broker between a random allocator, frameworks and master. The model is built
-    only from the commands the core emits, then compared with the core."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.core = BrokerCore(prefix="e1", offer_timeout=TIMEOUT)
-        self.now = T0
-        self.n = 0
-        self.agents: set[str] = set()
-        self.live: dict[str, Offer] = {}  # offers the frameworks hold
-        self.pending: dict[str, tuple[str, str, Resources]] = {}  # request -> fw, agent, res
-        self.seen: set[str] = set()  # every offer id ever sent
-        self.launched_offers: set[str] = set()  # offers named by any LaunchRequest
-        self.allocated: Counter[Any] = Counter()
-        self.returned: Counter[Any] = Counter()  # Recovery, any reason (LAUNCHED included)
-        self.forgotten: Counter[Any] = Counter()  # agent removed, rescind_all
-        for a in AGENTS:
-            self.run(self.core.agent_updated(a, f"host-{a}", TOTAL, self.now))
-            self.agents.add(a)
-
-    # -- the model, driven by the core's commands --------------------------------------
-    def run(self, cmds: list[Command]) -> list[Command]:
-        recovered_ids = {r.offer_id for r in recoveries(cmds)}
-        for c in cmds:
-            if isinstance(c, LaunchRequest):
-                for oid in c.offer_ids:
-                    o = self.live.pop(oid)
-                    assert (o.framework_id, o.agent_id) == (c.framework_id, c.agent_id)
-                    assert oid not in self.launched_offers, f"offer {oid} used twice"
-                    self.launched_offers.add(oid)
-                assert c.request_id not in self.pending
-                self.pending[c.request_id] = (c.framework_id, c.agent_id,
-                                              tasks_of(c.operations))
-            elif isinstance(c, Rescind):
-                for oid in c.offer_ids:
-                    o = self.live.pop(oid)
-                    assert o.framework_id == c.framework_id
-                    if oid not in recovered_ids:
-                        self.forgotten += ledger(o.resources)
-            elif isinstance(c, RecoverResources):
-                for r in c.recoveries:
-                    self.returned += ledger(r.resources)
-                    if r.reason not in (RC.RECOVER_REASON_DECLINED, RC.RECOVER_REASON_UNUSED):
-                        assert r.refuse_seconds == 0, r
-                    if r.reason in (RC.RECOVER_REASON_DECLINED, RC.RECOVER_REASON_UNUSED,
-                                    RC.RECOVER_REASON_LAUNCH_REJECTED):
-                        self.live.pop(r.offer_id, None)  # used up by a decline or accept
-            elif isinstance(c, SendOffers):
-                for o in c.offers:
-                    assert o.offer_id not in self.seen and o.framework_id == c.framework_id
-                    self.seen.add(o.offer_id)
-                    self.live[o.offer_id] = o
-        self.core.validate()
-        return cmds
-
-    # -- rules -------------------------------------------------------------------------
-    @precondition(lambda self: self.agents)  # an allocator offers only agents it knows
-    @rule(data=st.data(), n=st.integers(1, 4))
-    def allocate(self, data: st.DataObject, n: int) -> None:
-        batch = []
-        for _ in range(n):
-            self.n += 1
-            lo = data.draw(st.integers(31000, 31007))
-            ports = [(lo, min(31007, lo + data.draw(st.integers(0, 2))))] if data.draw(
-                st.booleans()) else None
-            a = alloc(f"al{self.n}", data.draw(st.sampled_from(FRAMEWORKS)),
-                      data.draw(st.sampled_from(sorted(self.agents))),
-                      ports=ports, cpus=data.draw(st.integers(1, 4)),
-                      mem=data.draw(st.sampled_from([128, 512, 1024])))
-            a.role = ROLES[a.framework_id]
-            self.allocated += ledger(Resources.from_proto(a.resources))
-            batch.append(a)
-        cmds = self.run(self.core.allocations(batch, self.now))
-        assert len(only(cmds, SendOffers)) == len({o.framework_id for c in only(
-            cmds, SendOffers) for o in c.offers})  # one per framework
-
-    @precondition(lambda self: self.live)
-    @rule(data=st.data())
-    def accept_valid(self, data: st.DataObject) -> None:
-        first = self.live[data.draw(st.sampled_from(sorted(self.live)))]
-        same = sorted(i for i, o in self.live.items() if o.framework_id == first.framework_id
-                      and o.agent_id == first.agent_id)
-        ids = data.draw(st.lists(st.sampled_from(same), min_size=1, unique=True))
-        if first.offer_id not in ids:
-            ids.append(first.offer_id)
-        pool = Resources()
-        for i in ids:
-            pool += self.live[i].resources
-        role = ROLES[first.framework_id]
-        ops: list[common_pb2.Operation] = []
-        cpus, mem = int(pool.scalar("cpus")), pool.scalar("mem")
-        if role != "*" and data.draw(st.booleans()):
-            ops.append(reserve(role, cpus=1))
-            ops.append(launch(task(f"r{self.n}", role=role, cpus=1)))
-            cpus -= 1
-        tasks: list[common_pb2.TaskInfo] = []
-        while cpus > 0 and (not tasks or data.draw(st.booleans())):
-            c = data.draw(st.integers(1, cpus))
-            cpus -= c
-            tasks.append(task(f"t{len(tasks)}-{self.n}", cpus=c, mem=mem / 32))
-        if tasks:
-            ops.append(launch(*tasks))
-        expired = any(self.live[i].expires_at <= self.now for i in ids)
-        refuse = data.draw(st.sampled_from([None, 0.0, 3.0]))
-        cmds = self.run(self.core.accept(first.framework_id, ids, ops, filters(refuse),
-                                         self.now))
-        if expired:
-            assert only(cmds, AcceptRejected)
-        else:
-            assert not only(cmds, AcceptRejected), only(cmds, AcceptRejected)
-            assert len(only(cmds, LaunchRequest)) == (1 if ops else 0)
-            assert all(r.refuse_seconds == refuse_seconds(filters(refuse))
-                       for r in recoveries(cmds))
-
-    @precondition(lambda self: self.live)
-    @rule(data=st.data(), flaw=st.sampled_from(sorted(FLAWS)))
-    def accept_flawed(self, data: st.DataObject, flaw: str) -> None:
-        """A plausible ACCEPT with one flaw: it must be refused for that reason, use up
-        exactly the framework's live offers it names, and launch nothing."""
-        first = self.live[data.draw(st.sampled_from(sorted(self.live)))]
-        fw, agent = first.framework_id, first.agent_id
-        ids = [first.offer_id]
-        cpus = first.resources.scalar("cpus")
-        tasks = [task("t", cpus=cpus / 2), task("u", cpus=cpus / 4)]
-        expected = FLAWS[flaw]
-        if flaw == "foreign":
-            fw = data.draw(st.sampled_from([f for f in FRAMEWORKS if f != fw]))
-        elif flaw == "dead_offer":
-            ids.append(data.draw(st.sampled_from(sorted(self.seen - set(self.live))
-                                                 or ["bogus"])))
-        elif flaw == "twice":
-            ids.append(first.offer_id)
-        elif flaw == "too_big":
-            tasks.append(task("v", cpus=cpus))
-        elif flaw == "dup_task":
-            tasks.append(task("u", cpus=0.001))
-        elif flaw == "empty_task":
-            tasks.append(task("v"))
-        elif flaw == "mixed_agents":
-            other = sorted(i for i, o in self.live.items()
-                           if o.framework_id == fw and o.agent_id != agent)
-            if not other:
-                return
-            ids.append(data.draw(st.sampled_from(other)))
-        expired = any(self.live[i].expires_at <= self.now for i in ids if i in self.live)
-        mine = {i for i in ids if i in self.live and self.live[i].framework_id == fw}
-        cmds = self.run(self.core.accept(fw, ids, [launch(*tasks)], None, self.now))
-        rej = rejected(cmds)
-        if not expired:
-            assert rej.reason == expected, (flaw, rej)
-        used = {r.offer_id for r in recoveries(cmds)
-                if r.reason == RC.RECOVER_REASON_LAUNCH_REJECTED}
-        assert used == (set() if expired else mine) or expired
-        assert all(r.refuse_seconds == 0 for r in recoveries(cmds))
-
-    @rule(data=st.data(), fw=st.sampled_from(FRAMEWORKS),
-          cpus=st.lists(st.integers(0, 9), max_size=3), names=st.lists(
-              st.sampled_from(["t", "u"]), max_size=3))
-    def accept_any(self, data: st.DataObject, fw: str, cpus: list[int],
-                   names: list[str]) -> None:
-        ids = data.draw(st.lists(st.sampled_from(sorted(self.live) or ["bogus"])
-                                 | st.sampled_from(sorted(self.seen | {"e0-o1", "bogus"})),
-                                 max_size=3))
-        if ids and ids[0] in self.live and data.draw(st.booleans()):
-            fw = self.live[ids[0]].framework_id  # the owner: fails later checks, if any
-        tasks = [task(n, cpus=c, mem=64) for n, c in zip(names, cpus, strict=False)]
-        ops = [launch(*tasks)] if tasks else []
-        before = dict(self.live)
-        cmds = self.run(self.core.accept(fw, ids, ops, None, self.now))
-        reqs, rejs = only(cmds, LaunchRequest), only(cmds, AcceptRejected)
-        assert len(reqs) + len(rejs) <= 1
-        if reqs or (not rejs and ids):
-            assert all(before[i].framework_id == fw for i in ids)
-        for rec in recoveries(cmds):  # never uses up another framework's offer
-            if rec.offer_id in before and rec.reason != RC.RECOVER_REASON_EXPIRED:
-                assert before[rec.offer_id].framework_id == fw
-
-    @rule(data=st.data(), fw=st.sampled_from(FRAMEWORKS),
-          refuse=st.sampled_from([None, 0.0, 5.0, 30.0, -1.0]))
-    def decline(self, data: st.DataObject, fw: str, refuse: float | None) -> None:
-        mine = sorted(i for i, o in self.live.items() if o.framework_id == fw)
-        ids = data.draw(st.lists(st.sampled_from(sorted(self.seen | {"bogus"})), max_size=2)
-                        | st.lists(st.sampled_from(mine or ["bogus"]), max_size=3))
-        cmds = self.run(self.core.decline(fw, ids, filters(refuse), self.now))
-        for r in recoveries(cmds):
-            if r.reason == RC.RECOVER_REASON_DECLINED:
-                assert r.framework_id == fw and r.refuse_seconds == refuse_seconds(
-                    filters(refuse))
-
-    @rule(dt=st.sampled_from([0.0, 0.5, 3.0, 9.999, 10.0, 15.0]))
-    def advance(self, dt: float) -> None:
-        self.now += dt
-        self.run(self.core.tick(self.now))
-        assert all(o.expires_at > self.now for o in self.live.values())
-
-    @precondition(lambda self: self.pending)
-    @rule(data=st.data(), accepted=st.booleans())
-    def master_answers(self, data: st.DataObject, accepted: bool) -> None:
-        rid = data.draw(st.sampled_from(sorted(self.pending)))
-        _, _, res = self.pending.pop(rid)
-        cmds = self.run(self.core.launch_result(
-            rid, accepted, RJ.REJECT_REASON_AGENT_UNAVAILABLE, "gone"))
-        assert ledger(res) == sum((ledger(r.resources) for r in recoveries(cmds)), Counter())
-        assert len(only(cmds, AcceptRejected)) == (0 if accepted else 1)
-
-    @rule(agent=st.sampled_from(AGENTS))
-    def agent_removed(self, agent: str) -> None:
-        self.agents.discard(agent)
-        self.run(self.core.agent_removed(agent, self.now))
-        assert all(o.agent_id != agent for o in self.live.values())
-
-    @rule(agent=st.sampled_from(AGENTS))
-    def agent_back(self, agent: str) -> None:
-        self.agents.add(agent)
-        self.run(self.core.agent_updated(agent, f"host-{agent}", TOTAL, self.now))
-
-    @rule(fw=st.sampled_from(FRAMEWORKS))
-    def framework_removed(self, fw: str) -> None:
-        self.run(self.core.framework_removed(fw, self.now))
-        assert all(o.framework_id != fw for o in self.live.values())
-
-    @rule()
-    def rescind_all(self) -> None:
-        self.run(self.core.rescind_all())
-        for _, _, res in self.pending.values():
-            self.forgotten += ledger(res)
-        self.pending.clear()
-        assert not self.live
-
-    # -- invariants --------------------------------------------------------------------
-    @invariant()
-    def every_resource_is_in_exactly_one_place(self) -> None:
-        held: Counter[Any] = Counter()
-        for o in self.live.values():
-            held += ledger(o.resources)
-        for _, _, res in self.pending.values():
-            held += ledger(res)
-        assert self.allocated == held + self.returned + self.forgotten
-
-    @invariant()
-    def model_matches_core(self) -> None:
-        assert set(self.live) == {o.offer_id for o in self.core.outstanding_offers()}
-        assert set(self.pending) == set(self.core.pending_launches)
-
-    @invariant()
-    def no_agent_offered_beyond_its_total(self) -> None:
-        for agent in self.agents:
-            held = ledger(Resources())
-            for o in self.live.values():
-                if o.agent_id == agent:
-                    held += ledger(o.resources)
-            for _, a, res in self.pending.values():
-                if a == agent:
-                    held += ledger(res)
-            assert all(v <= 1 for k, v in held.items() if isinstance(k, tuple)), held
-            assert held["cpus"] <= 8000 and held["mem"] <= 4096000
-
-
-BrokerMachine.TestCase.settings = settings(
-    max_examples=100, stateful_step_count=40, deadline=None,
-    suppress_health_check=[HealthCheck.too_slow])
-TestBrokerMachine = BrokerMachine.TestCase

@@ -90,17 +90,21 @@ def test_fence_admits_exactly_the_running_maximum(epochs: list[int]) -> None:
         highest = max(highest, e)
 
 
-def test_stats_render_valid_prometheus_text() -> None:
+def test_stats_are_exported_as_typed_prometheus_counters() -> None:
     from prometheus_client.parser import text_string_to_metric_families
 
     from services.bus.stats import Stats
+    from services.shell.metrics import Metrics
 
     stats = Stats()
     stats.inc("frames_received", 3)
     stats.inc("frames_dropped{reason=malformed}")
     stats.inc("frames_dropped{reason=too_large}", 2)
+    text = Metrics("x", stats).exposition().decode()
+    families = {fam.name: fam for fam in text_string_to_metric_families(text)}
+    assert families["offerbus_x_frames_dropped"].type == "counter"
+    assert families["offerbus_x_frames_dropped"].documentation.startswith("Frames refused")
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-               for fam in text_string_to_metric_families(stats.prometheus("offerbus_x_"))
-               for s in fam.samples}
+               for fam in families.values() for s in fam.samples}
     assert samples[("offerbus_x_frames_received_total", ())] == 3
     assert samples[("offerbus_x_frames_dropped_total", (("reason", "too_large"),))] == 2

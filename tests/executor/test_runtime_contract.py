@@ -4,6 +4,7 @@ after a "restart" (a fresh runtime object), remove."""
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -22,6 +23,7 @@ from services.executor.runtime import (
     LaunchError,
     Runtime,
 )
+from services.procs import cmdline
 from tests.waiting import wait_for
 
 TEST_LABEL = "org.offerbus.test"
@@ -197,3 +199,36 @@ def test_remove_cleans_up(rt: Harness) -> None:
     assert rt.runtime.find({LABEL_EXECUTOR: spec.labels[LABEL_EXECUTOR]}) == []
     assert rt.runtime.wait(handle, WAIT_S) is not None, "remove kills a running container"
     rt.runtime.remove(handle)  # twice is fine
+
+
+def test_exec_runs_inside_and_reports_the_exit_code(rt: Harness) -> None:
+    handle = rt.runtime.start(rt.spec("sleep 3600"))
+    ok = rt.runtime.exec(handle, ["/bin/sh", "-c", "echo inside; echo err >&2"], 10.0)
+    assert ok.exit_code == 0 and not ok.timed_out
+    assert b"inside" in ok.output and b"err" in ok.output
+    failed = rt.runtime.exec(handle, ["/bin/sh", "-c", "exit 3"], 10.0)
+    assert failed.exit_code == 3 and not failed.timed_out
+    assert rt.runtime.wait(handle, 0) is None, "the task runs on"
+
+
+def test_exec_output_is_bounded(rt: Harness) -> None:
+    handle = rt.runtime.start(rt.spec("sleep 3600"))
+    script = "i=0; while [ $i -lt 500 ]; do echo line-$i; i=$((i+1)); done"
+    res = rt.runtime.exec(handle, ["/bin/sh", "-c", script], 10.0, max_bytes=100)
+    assert res.exit_code == 0 and res.truncated and len(res.output) <= 100
+    assert res.output.endswith(b"line-499\n"), "the last bytes are kept"
+
+
+def test_exec_times_out_and_kills_the_command(rt: Harness) -> None:
+    handle = rt.runtime.start(rt.spec("sleep 3600"))
+    started = time.monotonic()
+    marker = f"sleep {30 + int(uuid.uuid4().int % 9000)}"  # names this test's child
+    res = rt.runtime.exec(handle, ["/bin/sh", "-c", f"echo begun; {marker}; echo never"], 0.5)
+    took = time.monotonic() - started
+    assert res.timed_out and res.exit_code is None and took < 5.0
+    assert rt.runtime.wait(handle, 0) is None, "a timed-out check does not end the task"
+
+    def left() -> list[int]:  # what the command started is killed too (nothing piles up)
+        return [int(p) for p in os.listdir("/proc") if p.isdigit()
+                and " ".join(cmdline(int(p))) == marker]
+    wait_for(lambda: not left(), 5.0, message=lambda: f"{marker} still runs: {left()}")

@@ -323,3 +323,50 @@ def test_graceful_broker_handover_rescinds_and_an_allocator_failover_reoffers_af
         assert third["ag-1"].offer_id not in {first.offer_id, second.offer_id}
     finally:
         master.close()
+
+
+def test_launches_the_master_never_answers_are_settled_by_the_brokers_timer(
+    tmp_path: Path, spawn: Callable[..., subprocess.Popen[bytes]],
+) -> None:
+    """The master (the test) never answers two LaunchRequests. One's task shows up on the
+    state stream: past the launch timeout it counts as launched. The other's never does:
+    the framework gets AcceptRejected (AGENT_UNAVAILABLE) once its deadline passes, which
+    only the broker's one timer, armed at the core's next deadline, can make happen."""
+    master = Master(tmp_path)
+    try:
+        spawn("broker", "b1", "--launch-timeout", "1.5")
+        spawn("allocator", "a1", "--interval", "30")  # no sweep: nothing else wakes the core
+        master.publish(agent("ag-1"), agent("ag-2"), framework(FW))
+        offers = master.until_offered({"ag-1", "ag-2"}, 0, START, "no offers of both agents")
+        mark = len(master.received)
+        sent_at = time.monotonic()
+        for ag, tid in (("ag-1", "t-seen"), ("ag-2", "t-lost")):
+            accept = scheduler_pb2.SchedulerCall.Accept(offer_ids=[offers[ag].offer_id])
+            t = accept.operations.add().launch.tasks.add(task_id=tid, name="web")
+            t.resources.extend(TASK_RES.to_proto())
+            master.send_broker(call(FW, accept=accept))
+        master.pump_until(lambda: len(master.events("launch_request", mark)) == 2, STEP,
+                          "no LaunchRequests")
+        master.publish(task(FW, "t-seen", "ag-1"))  # recorded by "a master", never answered
+
+        rejected = master.pump_until(lambda: master.events("accept_rejected", mark), STEP,
+                                     "an unanswered launch was never counted refused")
+        took = time.monotonic() - sent_at
+        # At the deadline, not at whatever else happens to wake the broker's core later.
+        assert 1.4 <= took <= 1.5 + STEP / 2, took
+        assert [list(r.task_ids) for r in rejected] == [["t-lost"]]
+        assert rejected[0].reason == common_pb2.RejectReason.REJECT_REASON_AGENT_UNAVAILABLE
+
+        def settled() -> str | None:
+            metrics = http_get(tmp_path, "broker", "/metrics").decode()
+            return metrics if "offerbus_broker_pending_launches 0" in metrics else None
+        metrics = wait_for(settled, STEP, message="launches still pending at the broker")
+        assert metrics is not None
+        assert ('offerbus_broker_notices_total{kind="launch_seen_launched",level="info"} 1.0'
+                in metrics)
+        assert ('offerbus_broker_notices_total{kind="launch_unanswered",level="warning"} 1.0'
+                in metrics)
+        master.pump_for(0.5)  # nothing more for t-seen: it counts as launched
+        assert [list(r.task_ids) for r in master.events("accept_rejected", mark)] == [["t-lost"]]
+    finally:
+        master.close()

@@ -26,20 +26,24 @@ from services.agent.launcher import ExecutorLauncher
 from services.bus import codec
 from services.bus.peer import RouterServer, Sender
 from services.bus.reactor import Reactor
-from services.executor.runtime import LABEL_AGENT, LABEL_EXECUTOR, LABEL_FRAMEWORK, LABEL_TASK
+from services.executor.runtime import (
+    LABEL_AGENT,
+    LABEL_CLUSTER,
+    LABEL_EXECUTOR,
+    LABEL_FRAMEWORK,
+    LABEL_TASK,
+)
+from services.procs import pid_alive
 from tests.waiting import wait_for
 
 AGENT_ID = "agent-test"
+CLUSTER_ID = "cluster-test"
 ROLE_AGENT = codec.Role.Value("ROLE_AGENT")
 
 
 def _gone(pid: int) -> bool:
-    """Exited: no such process, or a zombie nobody reaped yet (we are not its parent)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat[stat.rindex(")") + 2] in "ZX"
+    """Exited (a zombie nobody reaped yet counts: we are not its parent)."""
+    return not pid_alive(pid)
 
 
 class FakeAgent:
@@ -159,7 +163,7 @@ def start_executor(env: dict[str, Any], *extra: str) -> tuple[str, int, Path]:
     sandbox = env["dir"] / "sandboxes" / executor_id
     argv = ["--agent", agent.endpoint, "--executor-id", executor_id,
             "--framework-id", env["framework_id"], "--task-id", "t1", "--agent-id", AGENT_ID,
-            "--work-dir", str(sandbox), *extra]
+            "--cluster-id", CLUSTER_ID, "--work-dir", str(sandbox), *extra]
     before = len(agent.subscribes)
     started = time.monotonic()
     pid = env["launcher"].launch(executor_id, argv)
@@ -200,6 +204,7 @@ def test_task_runs_to_finished_and_executor_exits(env: dict[str, Any]) -> None:
     assert final.source == common_pb2.TaskStatus.SOURCE_EXECUTOR and len(final.uuid) == 16
     [container] = containers(env, executor_id)  # kept until the terminal ack
     assert container["Labels"][LABEL_AGENT] == AGENT_ID
+    assert container["Labels"][LABEL_CLUSTER] == CLUSTER_ID
     assert container["Labels"][LABEL_FRAMEWORK] == env["framework_id"]
     assert container["Labels"][LABEL_TASK] == "t1"
     assert container["Names"] == [f"/offerbus-{executor_id}"]
@@ -341,3 +346,54 @@ def test_sigterm_kills_the_task_and_exits(env: dict[str, Any]) -> None:
     agent.run_until(lambda: tasks.KILLED in agent.states(), 10.0, "no TASK_KILLED")
     agent.run_until(lambda: _gone(pid), 15.0, "executor did not exit")
     assert containers(env, executor_id) == []
+
+
+def health_task(script: str, check_script: str, image: str, failures: int) -> \
+        common_pb2.TaskInfo:
+    task = make_task("t1", script, image, grace=0.5)
+    hc = task.health_check
+    hc.command.command.shell = True
+    hc.command.command.value = check_script
+    hc.delay_s, hc.interval_s, hc.timeout_s = 0.2, 0.3, 5.0
+    hc.consecutive_failures = failures
+    return task
+
+
+def test_failing_health_check_reports_unhealthy_then_kills(env: dict[str, Any]) -> None:
+    agent: FakeAgent = env["agent"]
+    executor_id, pid, _ = start_executor(env)
+    agent.launch(health_task("sleep 3600", "echo no-such-file >&2; exit 1", env["image"], 3),
+                 env["framework_id"])
+    agent.run_until(lambda: tasks.KILLED in agent.states(), 30.0, "no TASK_KILLED")
+    by_uuid = list({s.uuid: s for s in agent.updates}.values())
+    updated = common_pb2.TaskStatus.REASON_TASK_HEALTH_CHECK_STATUS_UPDATED
+    health = [s for s in by_uuid if s.reason == updated]
+    assert [(s.state, s.healthy) for s in health] == [(tasks.RUNNING, False)]
+    killed = next(s for s in by_uuid if s.state == tasks.KILLED)
+    assert killed.reason == common_pb2.TaskStatus.REASON_HEALTH_CHECK_FAILED
+    assert "3 times in a row" in killed.message and "no-such-file" in killed.message
+    assert agent.states() == [tasks.STARTING, tasks.RUNNING, tasks.RUNNING, tasks.KILLING,
+                              tasks.KILLED]
+    agent.run_until(lambda: _gone(pid), 15.0, "executor did not exit")
+    assert containers(env, executor_id) == []
+
+
+def test_passing_health_check_reports_healthy(env: dict[str, Any]) -> None:
+    agent: FakeAgent = env["agent"]
+    executor_id, _, _ = start_executor(env)
+    # Healthy once the task wrote its file: a check inside the container (docker exec).
+    agent.launch(health_task("touch /tmp/ready; sleep 3600", "test -f /tmp/ready", env["image"],
+                             1), env["framework_id"])
+    reason = common_pb2.TaskStatus.REASON_TASK_HEALTH_CHECK_STATUS_UPDATED
+    agent.run_until(lambda: any(s.reason == reason for s in agent.updates), 30.0,
+                    "health never reported")
+    [healthy] = list({s.uuid: s for s in agent.updates if s.reason == reason}.values())
+    assert healthy.state == tasks.RUNNING and healthy.healthy is True
+    assert "healthy" in healthy.message
+    [container] = containers(env, executor_id)
+    assert container["State"] == "running"
+    agent.kill("t1")
+    agent.run_until(lambda: tasks.KILLED in agent.states(), 10.0, "no TASK_KILLED")
+    killed = next(s for s in agent.updates if s.state == tasks.KILLED)
+    assert killed.reason != common_pb2.TaskStatus.REASON_HEALTH_CHECK_FAILED
+    assert killed.healthy is True, "the last known health rides on later updates"

@@ -68,9 +68,11 @@ class Service:
                     if i.state == "TASK_RUNNING"}
 
     def containers(self) -> dict[str, str]:
-        """task id -> container id"""
+        """task id -> container id, of this service's framework only (another cluster may
+        run on the same engine: `make run` while `make test`)."""
+        fid = self.driver.framework_id
         return {c.labels["org.offerbus.task_id"]: c.id for c in self.docker.containers.list(
-            filters={"label": "org.offerbus.task_id"})}
+            filters={"label": f"org.offerbus.framework_id={fid}"})}
 
     def stop(self) -> None:
         self.driver.stop()

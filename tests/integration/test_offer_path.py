@@ -274,13 +274,36 @@ def test_two_frameworks_with_equal_demand_get_equal_dominant_shares(cluster: Clu
         stop(db)
 
 
-def test_every_central_service_serves_prometheus_metrics(cluster: Cluster) -> None:
-    """What an operator's Prometheus scrapes: valid text, with the counts that matter."""
+def test_every_service_serves_metrics_that_promtool_accepts(cluster: Cluster) -> None:
+    """What an operator's Prometheus scrapes, from the master, allocator, offer-broker and
+    every agent: text `promtool check metrics` accepts (HELP, TYPE, names, labels), with the
+    counts that matter and the offer path's latency histograms."""
+    import shutil
+    import subprocess
     import urllib.request
 
     from prometheus_client.parser import text_string_to_metric_families
 
     from services.bus.election import detector_from_url
+
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is missing: `make system` installs Debian's prometheus"
+    # One task through the whole offer path, so the latency histograms have samples.
+    rec, driver = one_shot(cluster, "metered", lambda o: sleep_task("metered-1", o))
+    try:
+        wait_for(lambda: rec.state_of("metered-1") == S.TASK_RUNNING, 60,
+                 message="the metered task never ran")
+    finally:
+        stop(driver)
+
+    def fetch(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+            text = r.read().decode()
+        check = subprocess.run([promtool, "check", "metrics"], input=text, text=True,
+                               capture_output=True, timeout=30)
+        assert check.returncode == 0, f"{url}: promtool: {check.stdout}{check.stderr}"
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for fam in text_string_to_metric_families(text) for s in fam.samples}
 
     def scrape(role: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         detector = detector_from_url(cluster.url, role)
@@ -290,14 +313,20 @@ def test_every_central_service_serves_prometheus_metrics(cluster: Cluster) -> No
         finally:
             detector.close()
         assert leader is not None, f"no {role} leader"
-        with urllib.request.urlopen(leader.endpoints["http"] + "/metrics", timeout=5) as r:
-            text = r.read().decode()
-        return {(s.name, tuple(sorted(s.labels.items()))): s.value
-                for fam in text_string_to_metric_families(text) for s in fam.samples}
+        return fetch(leader.endpoints["http"])
 
     master = scrape("master")
     assert master[("offerbus_master_elected", ())] == 1
+    assert master[("offerbus_master_leaderships_total", ())] == 1
     assert master[("offerbus_master_agents", (("status", "AGENT_STATUS_REGISTERED"),))] == 3
     assert master[("offerbus_master_frames_received_total", ())] > 0
-    for role in ("allocator", "broker"):
-        assert scrape(role), f"{role} served no metrics"
+    assert master[("offerbus_master_launch_seconds_count", (("outcome", "running"),))] > 0
+    allocator = scrape("allocator")
+    assert allocator[("offerbus_allocator_cycle_seconds_count", ())] > 0
+    broker = scrape("broker")
+    assert sum(v for (name, _), v in broker.items()
+               if name == "offerbus_broker_offer_round_trip_seconds_count") > 0
+    for agent in cluster.state()["agents"]:
+        endpoint = agent["agent_info"]["endpoint"]
+        metrics = fetch(endpoint if "://" in endpoint else f"http://{endpoint}")
+        assert metrics, f"agent {agent['agent_info']['hostname']} served no metrics"

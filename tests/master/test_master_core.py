@@ -75,8 +75,59 @@ def test_registration_replies_publishes_and_persists() -> None:
     assert rec.status == rec.AGENT_STATUS_REGISTERED and rec.agent_info.hostname == "h1"
     assert registry(cmds) == {"agents": {"m1-S1": {"status": "registered", "hostname": "h1",
                                                    "since_us": int(T0 * 1e6)}},
-                              "frameworks": {}, "roles": {}}
+                              "frameworks": {}, "roles": {}, "cluster_id": ""}
     assert isinstance(cmds[0], PersistRegistry) and isinstance(cmds[-1], Publish)
+    core.validate()
+
+
+def test_a_new_cluster_writes_its_id_once_and_a_recovered_one_keeps_it() -> None:
+    core = MasterCore("m1", 1, cluster_id="c-new", id_prefix="u1-1", now=T0)
+    cmds = core.tick(T0)  # the first step persists the new cluster's id, before any agent
+    assert registry(cmds) == {"cluster_id": "c-new", "agents": {}, "frameworks": {},
+                              "roles": {}}
+    aid = register(core, b"a1")
+    fid = subscribed(core, b"f1")
+    assert (aid, fid) == ("u1-1-S1", "u1-1-F1")  # the leadership's prefix, not "m1"
+    # A failover (or a restart) proposes another id: the registry's wins, and ids from the
+    # new leadership's prefix never repeat the old ones.
+    new = MasterCore("m2", 2, recovered_registry=core.registry_document(),
+                     cluster_id="c-other", id_prefix="u2-2", now=T0 + 1)
+    assert new.cluster_id == "c-new"
+    assert not registry(new.tick(T0 + 1) or [])  # nothing to write: the id was kept
+    cmds = new.agent_call(b"a2", agent_pb2.AgentCall(register=agent_pb2.AgentCall.Register(
+        agent_info=common_pb2.AgentInfo(hostname="h2", resources=Resources.parse(
+            "cpus:1").to_proto()))), T0 + 2)
+    reg = one(cmds, ToAgent).event.registered
+    assert (reg.agent_id, reg.cluster_id) == ("u2-2-S1", "c-new")
+    cmds = new.scheduler_call(b"f2", Call(subscribe=Call.Subscribe(
+        framework_info=common_pb2.FrameworkInfo(name="x"))), "m", T0 + 2)
+    ev = one(cmds, ToFramework).event.subscribed
+    assert (ev.framework_id, ev.cluster_id) == ("u2-2-F1", "c-new")
+    new.validate()
+
+
+def test_operator_teardown_removes_a_framework_and_tells_its_scheduler() -> None:
+    core, aid, fid = cluster()
+    running(core, aid, fid, "t1", "t2")
+    cmds = operator(core, b"op", teardown_framework=operator_pb2.OperatorCall
+                    .TeardownFramework(framework_id=fid))
+    errors = [c for c in only(cmds, ToFramework) if c.event.WhichOneof("event") == "error"]
+    assert len(errors) == 1 and errors[0].peer == b"f1"
+    assert "removed by the operator" in errors[0].event.error.message
+    assert agent_events(cmds, "shutdown_framework")
+    assert one(cmds, ToOperator).event.done.message.endswith("2 tasks killed")
+    assert fid not in core.frameworks and published(cmds)[f"frameworks/{fid}"] is None
+    # The removed id cannot come back, and a second stop says it is already gone.
+    back = sched(core, b"f1", fid, subscribe=Call.Subscribe(
+        framework_info=common_pb2.FrameworkInfo(framework_id=fid, name="x")))
+    assert "was removed" in one(back, ToFramework).event.error.message
+    assert fid not in core.frameworks
+    again = operator(core, b"op", teardown_framework=operator_pb2.OperatorCall
+                     .TeardownFramework(framework_id=fid))
+    assert "already removed" in one(again, ToOperator).event.done.message
+    unknown = operator(core, b"op", teardown_framework=operator_pb2.OperatorCall
+                       .TeardownFramework(framework_id="nope"))
+    assert one(unknown, Reject).code == bus_pb2.NOT_FOUND
     core.validate()
 
 

@@ -1,0 +1,111 @@
+"""The skeleton every service process shares: reactor, ZeroMQ context, bus counters and
+Prometheus metrics, the status HTTP server (/health, /metrics, and the service's own
+routes), the core driver, and, for the elected services, the leader lifecycle. A service's
+shell subclasses `ServiceKit` and adds its sockets and its core; nothing here decides."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+
+from services.bus.log import get_logger
+from services.bus.peer import HeartbeatConfig, Sender
+from services.bus.reactor import Reactor
+from services.bus.stats import Stats
+from services.shell.driver import CoreDriver
+from services.shell.http import Response, Route, StatusServer
+from services.shell.leader import LeaderLifecycle
+from services.shell.metrics import CONTENT_TYPE, Metrics
+
+
+class ServiceKit:
+    """`service`: the role's name ("master", "broker", ...); `member_id`: this instance's id.
+    Subclasses call `start_http(routes)` once their sockets are bound, then `join_election`
+    (elected roles) with the endpoints to advertise."""
+
+    def __init__(self, service: str, member_id: str, role: int, *, host: str, http_port: int,
+                 heartbeat_interval: float, max_missed: int,
+                 reactor: Reactor | None = None) -> None:
+        self.service, self.member_id = service, member_id
+        self.log = get_logger(service)
+        self.reactor = reactor or Reactor()
+        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        self.stats = Stats()
+        self.metrics = Metrics(service, self.stats)
+        self.driver = CoreDriver(self.reactor, self.metrics, self.log)
+        self.metrics.counter_function(
+            "handler_errors", "Exceptions raised by this process's handlers and timers (each "
+            "logged with its traceback; the loop went on).",
+            lambda: float(self.reactor.handler_errors))
+        self.sender = Sender(member_id, role)
+        self.beat = HeartbeatConfig(heartbeat_interval, max_missed)
+        self.host, self._http_port = host, http_port
+        self.http: StatusServer | None = None
+        self.leader: LeaderLifecycle | None = None
+        self.endpoints: dict[str, str] = {}
+        self._closers: list[Callable[[], None]] = []
+
+    # -- status server -----------------------------------------------------------------------
+    def start_http(self, routes: dict[str, Route] | None = None) -> StatusServer:
+        self.http = StatusServer(self.reactor, self.host, self._http_port, {
+            "/health": self._http_health, "/metrics": self._http_metrics, **(routes or {})})
+        self.endpoints["http"] = self.http.url
+        return self.http
+
+    def health(self) -> dict[str, Any]:
+        """This service's facts for /health (subclasses add theirs)."""
+        return {}
+
+    def healthy(self) -> bool:
+        """/health answers 200 when true, 503 otherwise (elected roles: while leading)."""
+        return self.leader is None or self.leader.leading
+
+    def _http_health(self, query: dict[str, list[str]]) -> Response:
+        body = {"service": self.service, "id": self.member_id,
+                "leading": self.leader.leading if self.leader else None,
+                "epoch": self.leader.epoch if self.leader else None,
+                "endpoints": self.endpoints, **self.health()}
+        return Response(200 if self.healthy() else 503, "application/json",
+                        json.dumps(body, sort_keys=True).encode())
+
+    def _http_metrics(self, query: dict[str, list[str]]) -> Response:
+        return Response(200, CONTENT_TYPE, self.metrics.exposition())
+
+    # -- leadership ----------------------------------------------------------------------------
+    def join_election(self, url: str, *, lead: Callable[[int], None],
+                      step_down: Callable[[str], None]) -> LeaderLifecycle:
+        """Contend for this role's leadership, advertising `self.endpoints`."""
+        leaderships = self.metrics.leadership(
+            elected=lambda: self.leader is not None and self.leader.leading,
+            epoch=lambda: (self.leader.epoch or 0) if self.leader else 0)
+
+        def on_lead(epoch: int) -> None:
+            self.sender.epoch = epoch
+            leaderships.inc()
+            lead(epoch)
+
+        self.leader = LeaderLifecycle(self.reactor, url, self.service, self.member_id,
+                                      self.endpoints, lead=on_lead, step_down=step_down)
+        return self.leader
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def on_close(self, fn: Callable[[], None]) -> None:
+        """Run `fn` on close(), after the leader lifecycle and before the HTTP server; the
+        last registered runs first."""
+        self._closers.append(fn)
+
+    def run(self) -> None:
+        self.reactor.run()
+
+    def close(self, linger_ms: int = 0) -> None:
+        if self.leader is not None:
+            self.leader.close()
+        for fn in reversed(self._closers):
+            fn()
+        if self.http is not None:
+            self.http.close()
+        self.driver.detach()
+        self.ctx.destroy(linger=linger_ms)
