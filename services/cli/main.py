@@ -113,6 +113,8 @@ def cmd_roles(args: argparse.Namespace) -> int:
     doc = http_get(allocator.endpoints["http"] + "/roles", args.timeout)
     if not isinstance(doc, dict) or "roles" not in doc:
         raise CliError(f"the allocator {allocator.member_id} does not serve /roles yet")
+    if doc.get("leading") is False:
+        raise CliError(f"the allocator {allocator.member_id} is not leading (yet); try again")
     try:
         _, state = master_state(url, args.timeout)
     except CliError:

@@ -9,6 +9,7 @@ skip with a message saying so until it is there."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -137,10 +138,24 @@ def test_down_of_one_cluster_leaves_the_other_running(cluster_a: Cluster, cluste
     [alpha] = containers(docker_client, ALPHA)
     assert len(containers(docker_client, BETA)) == 1
     a_pids = pids(cluster_a.run_dir)
+    # A container of B's left behind by its executor, and one of a cluster nobody here owns
+    # (the other engineers' and the demo cluster's share this engine): only B's may go.
+    b_id = cluster_b.state().get("cluster_id") or "none"
+    strays = {owner: docker_client.api.create_container(
+        IMAGE, ["sleep", "3600"], labels={LABEL_TASK: f"stray{TAG}-{owner}",
+                                          LABEL_CLUSTER: cid})["Id"]
+        for owner, cid in (("b", b_id), ("other", f"other-{TAG}"))}
     assert {"master", "allocator", "broker", "agent-1", f"framework-{ALPHA}"} <= set(a_pids)
 
-    out = ok(cluster_b, "down")
-    assert "1 containers removed" in out, out
+    out = ok(cluster_b, "down")  # its agent may stop the container first, or `down` does
+    assert "cluster down" in out, out
+    left = {c["Id"] for c in docker_client.api.containers(all=True, filters={"label": LABEL_TASK})}
+    docker_client.api.remove_container(strays["other"], force=True)
+    assert strays["other"] in left
+    if b_id != "none":
+        assert strays["b"] not in left, "down left its own cluster's container"
+    else:
+        docker_client.api.remove_container(strays["b"], force=True)
     assert containers(docker_client, BETA) == []
     [still] = containers(docker_client, ALPHA)
     assert still["Id"] == alpha["Id"] and still["State"] == "running"
@@ -169,3 +184,54 @@ def test_up_records_the_cluster_id_and_containers_carry_it(cluster_a: Cluster,
         ok(cluster_a, "stop", LABELLED)
     wait_for(lambda: not containers(docker_client, LABELLED), 30,
              message="the labelled service's container was not removed")
+
+
+def test_ports_env_role_and_health_reach_the_container_and_the_listings(
+        cluster_a: Cluster, docker_client: Any) -> None:
+    name = f"ported{TAG}"
+    ok(cluster_a, "run", "--name", name, "--image", IMAGE, *SMALL, "--role", "blue",
+       "--port", "8080", "--env", "MODE=blue", "--health-cmd", "[ -f /tmp/ok ]",
+       "--health-interval", "0.5", "--health-failures", "3", "--",
+       "sh", "-c", "echo ok > /tmp/ok; sleep 3600")
+    try:
+        [c] = containers(docker_client, name)
+        inspect = docker_client.api.inspect_container(c["Id"])
+        env = dict(e.split("=", 1) for e in inspect["Config"]["Env"])
+        [binding] = inspect["HostConfig"]["PortBindings"]["8080/tcp"]
+        host_port = int(binding["HostPort"])
+        assert 31000 <= host_port <= 31999
+        assert env["PORT0"] == env["PORT_8080"] == str(host_port) and env["MODE"] == "blue"
+        [task] = [t for t in cluster_a.state()["tasks"]
+                  if t["task_info"]["task_id"].startswith(f"{name}-")]
+        ports = [r for r in task["task_info"]["resources"] if r["name"] == "ports"]
+        assert int(ports[0]["ranges"]["ranges"][0]["begin"]) == host_port
+
+        def health() -> str:
+            rows = json.loads(ok(cluster_a, "tasks", "--json"))
+            return next(r["health"] for r in rows if r["id"].startswith(f"{name}-"))
+
+        wait_for(lambda: health() == "healthy", 30, message=lambda: f"health: {health()!r}")
+        roles = json.loads(ok(cluster_a, "roles", "--json"))
+        [blue] = [r for r in roles if r["role"] == "blue"]
+        assert task["framework_id"] in blue["frameworks"] and blue["dominant_share"] > 0
+    finally:
+        ok(cluster_a, "stop", name)
+
+
+def test_an_instance_failing_its_health_check_is_replaced(cluster_a: Cluster) -> None:
+    name = f"sick{TAG}"
+    ok(cluster_a, "run", "--name", name, "--image", IMAGE, *SMALL, "--health-cmd", "exit 1",
+       "--health-interval", "0.5", "--health-failures", "2", "--no-wait", "--",
+       "sleep", "3600")
+    try:
+        def attempts() -> dict[str, Any]:
+            return {t["task_info"]["task_id"]: t["status"] for t in cluster_a.state()["tasks"]
+                    if t["task_info"]["task_id"].startswith(f"{name}-0-")}
+
+        wait_for(lambda: f"{name}-0-2" in attempts(), 60,
+                 message=lambda: f"no replacement: {attempts()}")
+        first = attempts()[f"{name}-0-1"]
+        assert first["state"] == "TASK_KILLED", first
+        assert first.get("reason") == "REASON_HEALTH_CHECK_FAILED", first
+    finally:
+        ok(cluster_a, "stop", name)
