@@ -33,8 +33,11 @@ def cli(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
     console = Console(width=200, record=True)
     monkeypatch.setattr(cli_main, "console", console)
 
-    def run(doc: dict[str, Any], *argv: str) -> tuple[int, str]:
-        monkeypatch.setattr(lifecycle, "master_state", lambda url, t: (None, doc))
+    def run(doc: dict[str, Any] | list[dict[str, Any]], *argv: str) -> tuple[int, str]:
+        """`doc`: the /state every call returns, or a list of them in turn (last repeated)."""
+        docs = list(doc) if isinstance(doc, list) else [doc]
+        monkeypatch.setattr(lifecycle, "master_state",
+                            lambda url, t: (None, docs.pop(0) if len(docs) > 1 else docs[0]))
         monkeypatch.setattr(lifecycle.cluster, "spawn",
                             lambda run_dir, name, argv, env=None: spawned.append(argv) or 4242)
         code = cli_main.main(["--run-dir", str(tmp_path), "--cluster", "file:///x", *argv])
@@ -123,3 +126,28 @@ def test_name_in_use_decision() -> None:
     assert lifecycle.name_in_use("web", state({"f": "db"}), False) is None
     assert "registered" in (lifecycle.name_in_use("web", state({"f": "web"}), False) or "")
     assert "run dir" in (lifecycle.name_in_use("web", state(), True) or "")
+
+
+def test_a_stalled_run_fails_saying_what_is_stuck(cli: Any, monkeypatch: pytest.MonkeyPatch,
+                                                  tmp_path: Path) -> None:
+    from services.cli import why
+
+    def no_allocator(*a: Any, **kw: Any) -> Any:
+        raise lifecycle.CliError("no leading allocator")
+
+    monkeypatch.setattr(why, "find_leader", no_allocator)
+    monkeypatch.setattr(lifecycle.cluster, "alive", lambda pid: True)
+    stuck = state({"fw-1": "web"}, [("fw-1", "web-0-1", "TASK_STAGING")])
+    code, out = cli([state(), stuck], "run", "--name", "web", "--image", "img", "--instances", "2",
+                    "--stall", "0.2", "--", "sleep", "60")
+    assert code == 1
+    assert "web: no progress for 0.2s (1 staging, 1 pending)" in out
+    assert "Framework web (fw-1) (role *) is connected and has 1 live task(s)" in out
+    assert "offerbus why web" in out and "framework-web.log" in out
+
+
+def test_a_run_whose_framework_exits_fails_at_once(cli: Any, monkeypatch: pytest.MonkeyPatch,
+                                                   tmp_path: Path) -> None:
+    monkeypatch.setattr(lifecycle.cluster, "alive", lambda pid: False)
+    code, out = cli(state(), "run", "--name", "web", "--image", "img", "--", "sleep", "60")
+    assert code == 1 and "the web framework exited; see" in out
