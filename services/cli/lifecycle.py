@@ -21,7 +21,7 @@ from rich.console import Console
 from schemas import operator_pb2
 from services import tasks as task_states
 from services.cli import cluster, why
-from services.cli.client import CliError, cluster_url, master_state, operator_call
+from services.cli.client import CliError, cluster_url, http_get, master_state, operator_call
 
 Doc = dict[str, Any]
 EXIT_NAME_IN_USE = 2  # a usage error, as argparse's
@@ -117,6 +117,26 @@ def parse_env(items: list[str]) -> dict[str, str]:
 
 
 # -- the thin layer -----------------------------------------------------------------------
+class StatePoller:
+    """The master's /state, polled: the leader is looked up once (a ZooKeeper session each
+    time would be costly) and again only when its address stops answering."""
+
+    def __init__(self, url: str, timeout: float) -> None:
+        self.url, self.timeout = url, timeout
+        self.leader: Any = None
+
+    def __call__(self) -> Doc:
+        if self.leader is not None:
+            try:
+                doc = http_get(self.leader.endpoints["http"] + "/state", self.timeout)
+                if isinstance(doc, dict) and doc.get("leading", True) is not False:
+                    return doc
+            except CliError:
+                pass
+        self.leader, doc = master_state(self.url, self.timeout)
+        return doc
+
+
 class Reporter:
     """Live progress: a spinner line on a terminal, a printed line per change otherwise."""
 
@@ -194,11 +214,12 @@ def wait_running(args: argparse.Namespace, console: Console, url: str, want: int
     log = args.run_dir / "logs" / f"framework-{name}.log"
     now = time.monotonic()
     progress = Progress(want, now, stall_s=args.stall, timeout_s=args.wait_timeout)
+    poll = StatePoller(url, args.timeout)
     with Reporter(console, f"waiting for {want} instances of {name}") as shown:
         while True:
             if not cluster.alive(pid):
                 raise CliError(f"the {name} framework exited; see {log}")
-            _, state = master_state(url, args.timeout)
+            state = poll()
             counts = service_counts(state, name, want)
             shown.show(f"{name}: {summary(counts)}")
             verdict = progress.observe(counts, time.monotonic())
@@ -305,8 +326,10 @@ def cmd_stop(args: argparse.Namespace, console: Console) -> int:
         for fid in sorted(fids):
             shown.show(teardown(url, args, fid, pid, console))
 
+        poll = StatePoller(url, args.timeout)
+
         def left() -> str | None:
-            _, now_state = master_state(url, args.timeout)
+            now_state = poll()
             still = fids & set(frameworks_named(now_state, name))
             containers = _containers_of(fids, cluster_id, executors) or 0
             if not still and not containers:
