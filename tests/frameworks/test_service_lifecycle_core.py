@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from frameworks.service import Instance, ServiceScheduler, ServiceSpec, plan, task_info
 from schemas import common_pb2
@@ -120,3 +122,28 @@ def test_the_masters_error_ends_the_framework() -> None:
     assert not sched.finished.is_set()
     sched.error(FakeDriver(), "framework fw-1 removed by the operator")
     assert sched.finished.is_set() and "removed" in sched.removed
+
+
+@settings(max_examples=150, deadline=None)
+@given(ranges=st.lists(st.tuples(st.integers(31000, 31100), st.integers(0, 6)), min_size=1,
+                       max_size=4),
+       offers_n=st.integers(1, 3), n_ports=st.integers(0, 3), instances=st.integers(0, 12))
+def test_placed_ports_lie_in_the_offer_and_are_never_shared(
+        ranges: list[tuple[int, int]], offers_n: int, n_ports: int, instances: int) -> None:
+    port_ranges = [(lo, lo + width) for lo, width in ranges]
+    offers = [offer(f"o{i}", f"h{i}", port_ranges) for i in range(offers_n)]
+    s = spec(instances=instances, ports=list(range(8000, 8000 + n_ports)))
+    p = plan(s, {}, offers)
+    free = Resources.of(ports=port_ranges)
+    by_offer: dict[str, list[int]] = {}
+    for offer_id, indexes in p.launches.items():
+        for index in indexes:
+            ports = p.ports.get(index, [])
+            assert len(ports) == n_ports
+            assert free.contains(Resources.of(ports=[(x, x) for x in ports]))
+            by_offer.setdefault(offer_id, []).extend(ports)
+            task_info(s, Instance(index, attempts=1), offers[0], ports)  # a valid task
+    for ports in by_offer.values():
+        assert len(ports) == len(set(ports))
+    placed = sum(len(v) for v in p.launches.values())
+    assert placed == instances or p.why
