@@ -25,7 +25,6 @@ from services.bus import log
 from services.resources import Resources
 
 logger = log.get_logger("framework.service")
-LIVE = {"TASK_STAGING", "TASK_STARTING", "TASK_RUNNING", "TASK_KILLING", "TASK_UNREACHABLE"}
 DECLINE_WHEN_IDLE_S = 5.0
 
 
@@ -40,6 +39,14 @@ class ServiceSpec:
     constraints: list[str] = field(default_factory=list)
     runtime: str = "docker"
     kill_grace_s: float = 3.0
+    role: str = "*"
+    env: dict[str, str] = field(default_factory=dict)
+    # Container ports, each published on a host port taken from the offer's "ports".
+    ports: list[int] = field(default_factory=list)
+    health_cmd: str = ""   # a shell command run in the task's context: healthy when it exits 0
+    health_http: str = ""  # an HTTP path checked on the first published port
+    health_interval_s: float = 10.0
+    health_failures: int = 3  # consecutive failures before the task is killed (0: never)
 
     def resources(self) -> Resources:
         return Resources.of(cpus=self.cpus, mem=self.mem)
@@ -51,6 +58,16 @@ class ServiceSpec:
             raise ValueError("instances must be >= 0, cpus and mem > 0")
         for c in self.constraints:
             parse_constraint(c)
+        if any(not 0 < p < 65536 for p in self.ports) or len(set(self.ports)) != len(self.ports):
+            raise ValueError(f"bad ports {self.ports}: each 1-65535, each once")
+        if any(not k or "=" in k for k in self.env):
+            raise ValueError(f"bad environment variable names {sorted(self.env)}")
+        if self.health_cmd and self.health_http:
+            raise ValueError("one health check: --health-cmd or --health-http, not both")
+        if self.health_http and not self.ports:
+            raise ValueError("--health-http checks the first published port: give --port")
+        if self.health_interval_s <= 0 or self.health_failures < 0:
+            raise ValueError("health interval must be > 0 and failures >= 0")
 
 
 def parse_constraint(text: str) -> tuple[str, str]:
@@ -98,10 +115,13 @@ class Instance:
     hostname: str = ""
     state: str = ""
     attempts: int = 0
+    healthy: bool | None = None  # the latest health report of the current attempt
+    unhealthy: int = 0  # health reports `healthy=false` in a row (current attempt)
+    kill_sent: bool = False  # this framework asked to kill the current attempt
 
     @property
     def live(self) -> bool:
-        return self.state in LIVE
+        return task_states.is_active_name(self.state)
 
 
 def _attribute(offer: common_pb2.Offer, name: str) -> str | None:
@@ -113,11 +133,47 @@ def _attribute(offer: common_pb2.Offer, name: str) -> str | None:
     return None
 
 
+def take_ports(free: Resources, n: int) -> Resources | None:
+    """The `n` lowest free ports of a bag (any role it holds ports under), or None."""
+    picked: dict[tuple[str, str], list[tuple[int, int]]] = {}
+    left = n
+    for (name, role), ranges in sorted(free.ranges.items()):
+        if name != "ports":
+            continue
+        for lo, hi in ranges:
+            if left <= 0:
+                break
+            take = min(left, hi - lo + 1)
+            picked.setdefault((name, role), []).append((lo, lo + take - 1))
+            left -= take
+    if left > 0:
+        return None
+    return Resources(ranges={k: tuple(v) for k, v in picked.items()})
+
+
+def host_ports(res: Resources) -> list[int]:
+    """The ports of a bag, lowest first."""
+    return sorted(p for (name, _), ranges in res.ranges.items() if name == "ports"
+                  for lo, hi in ranges for p in range(lo, hi + 1))
+
+
+@dataclass
+class Plan:
+    """What to do with a batch of offers: offer_id -> instance indexes to launch there, the
+    host ports each launched instance gets, offers to decline, and why anything missing
+    could not be placed."""
+
+    launches: dict[str, list[int]]
+    declines: list[str]
+    why: str
+    ports: dict[int, list[int]] = field(default_factory=dict)
+
+
 def plan(spec: ServiceSpec, instances: dict[int, Instance],
-         offers: list[common_pb2.Offer]) -> tuple[dict[str, list[int]], list[str], str]:
+         offers: list[common_pb2.Offer]) -> Plan:
     """Which missing instances to launch on which offer, spreading them over hosts (each goes
-    to the eligible offer whose host runs the fewest instances). Returns (offer_id ->
-    instance indexes, offer ids to decline, why anything missing could not be placed)."""
+    to the eligible offer whose host runs the fewest instances), each with its host ports
+    taken from the offer's free "ports" (so no host port is given twice)."""
     missing = sorted(i for i in range(spec.instances)
                      if i not in instances or not instances[i].live)
     hosts = Counter(inst.hostname for inst in instances.values() if inst.live)
@@ -136,46 +192,86 @@ def plan(spec: ServiceSpec, instances: dict[int, Instance],
             continue
         free[offer.offer_id] = Resources.from_proto(offer.resources)
     by_id = {o.offer_id: o for o in offers}
-    launches: dict[str, list[int]] = {}
+    out = Plan({}, [], "")
     while missing:
         eligible = []
         for offer_id, res in free.items():
             host = by_id[offer_id].hostname
+            ports = take_ports(res, len(spec.ports)) if spec.ports else Resources()
             if unique_host and hosts[host] > 0:
                 reasons[f"{host} already runs an instance (hostname:unique)"] += 1
             elif not res.contains(need):
                 reasons[f"no offer fits {need} (e.g. {host} offers {res})"] += 1
+            elif ports is None:
+                reasons[f"no offer has {len(spec.ports)} free port(s) (e.g. {host} "
+                        f"offers {res})"] += 1
             else:
-                eligible.append((hosts[host], offer_id))
+                eligible.append((hosts[host], offer_id, ports))
         if not eligible:
             break
-        _, offer_id = min(eligible)
-        free[offer_id] = free[offer_id] - need
+        _, offer_id, ports = min(eligible, key=lambda e: (e[0], e[1]))
+        free[offer_id] = free[offer_id] - need - ports
         hosts[by_id[offer_id].hostname] += 1
-        launches.setdefault(offer_id, []).append(missing.pop(0))
-    declines = [o.offer_id for o in offers if o.offer_id not in launches]
-    why = "" if not missing else (f"{len(missing)} instance(s) not placed: "
-                                  + "; ".join(r for r, _ in reasons.most_common(3)))
-    return launches, declines, why
+        index = missing.pop(0)
+        out.launches.setdefault(offer_id, []).append(index)
+        if spec.ports:
+            out.ports[index] = host_ports(ports)
+    out.declines = [o.offer_id for o in offers if o.offer_id not in out.launches]
+    out.why = "" if not missing else (f"{len(missing)} instance(s) not placed: "
+                                      + "; ".join(r for r, _ in reasons.most_common(3)))
+    return out
 
 
-def task_info(spec: ServiceSpec, instance: Instance,
-              offer: common_pb2.Offer) -> common_pb2.TaskInfo:
+def task_info(spec: ServiceSpec, instance: Instance, offer: common_pb2.Offer,
+              ports: list[int] | None = None) -> common_pb2.TaskInfo:
+    """The task of one instance's attempt; `ports` are its host ports, one per spec port in
+    order: published as port mappings, in its resources, and in PORT0.. / PORT_<N>."""
     task = common_pb2.TaskInfo(task_id=f"{spec.name}-{instance.index}-{instance.attempts}",
                                name=f"{spec.name}-{instance.index}", agent_id=offer.agent_id,
                                kill_grace_period_s=spec.kill_grace_s)
-    task.resources.extend(spec.resources().to_proto())
+    ports = list(ports or [])
+    if len(ports) != len(spec.ports):
+        raise ValueError(f"{len(spec.ports)} port(s) to publish, {len(ports)} host port(s)")
+    task.resources.extend((spec.resources() + Resources.of(
+        ports=[(p, p) for p in ports])).to_proto())
     task.labels["service"] = spec.name
+    env = dict(spec.env)
+    for i, (container_port, host_port) in enumerate(zip(spec.ports, ports, strict=True)):
+        env[f"PORT{i}"] = env[f"PORT_{container_port}"] = str(host_port)
     if spec.command:
         task.command.shell = False
         task.command.value = spec.command[0]
         task.command.arguments.extend(spec.command[1:])
+    task.command.env.update(env)
     if spec.runtime == "docker":
         task.container.type = common_pb2.ContainerInfo.CONTAINER_TYPE_DOCKER
         task.container.docker.image = spec.image
+        for container_port, host_port in zip(spec.ports, ports, strict=True):
+            task.container.docker.port_mappings.add(host_port=host_port,
+                                                    container_port=container_port)
     else:
         task.container.type = common_pb2.ContainerInfo.CONTAINER_TYPE_PROCESS
+    check = health_check(spec, ports)
+    if check is not None:
+        task.health_check.CopyFrom(check)
     return task
+
+
+def health_check(spec: ServiceSpec, ports: list[int]) -> common_pb2.HealthCheck | None:
+    """The spec's health check, if any (HTTP on the first published host port)."""
+    if not spec.health_cmd and not spec.health_http:
+        return None
+    check = common_pb2.HealthCheck(interval_s=spec.health_interval_s,
+                                   timeout_s=min(spec.health_interval_s, 5.0),
+                                   consecutive_failures=spec.health_failures)
+    if spec.health_cmd:
+        check.command.command.shell = True
+        check.command.command.value = spec.health_cmd
+    else:
+        check.http.port = ports[0]
+        check.http.path = spec.health_http if spec.health_http.startswith("/") else \
+            f"/{spec.health_http}"
+    return check
 
 
 # -- the scheduler ------------------------------------------------------------------------
@@ -188,6 +284,9 @@ class ServiceScheduler(Scheduler):
         self.pending_reason = ""
         self.suppressed = False
         self.restarts = 0
+        self.health_kills = 0
+        self.removed = ""  # the master's final Error (e.g. removed by the operator)
+        self.finished = threading.Event()
         self.lock = threading.Lock()
 
     def subscribed(self, driver: SchedulerDriver, framework_id: str,
@@ -198,18 +297,20 @@ class ServiceScheduler(Scheduler):
 
     def offers(self, driver: SchedulerDriver, offers: list[common_pb2.Offer]) -> None:
         with self.lock:
-            launches, declines, why = plan(self.spec, self.instances, offers)
+            p = plan(self.spec, self.instances, offers)
+            why = p.why
             by_id = {o.offer_id: o for o in offers}
-            for offer_id, indexes in launches.items():
+            for offer_id, indexes in p.launches.items():
                 offer = by_id[offer_id]
                 op = common_pb2.Operation()
                 for index in indexes:
                     inst = self.instances.setdefault(index, Instance(index))
                     inst.attempts += 1
-                    task = task_info(self.spec, inst, offer)
+                    task = task_info(self.spec, inst, offer, p.ports.get(index))
                     inst.task_id, inst.agent_id, inst.hostname = (task.task_id, offer.agent_id,
                                                                   offer.hostname)
                     inst.state = "TASK_STAGING"
+                    inst.healthy, inst.unhealthy, inst.kill_sent = None, 0, False
                     self.by_task[task.task_id] = index
                     op.launch.tasks.append(task)
                 driver.accept([offer_id], [op], common_pb2.Filters(refuse_seconds=1.0),
@@ -218,7 +319,7 @@ class ServiceScheduler(Scheduler):
             # every offer then carries the reason (`offerbus why`).
             reason = why or (f"nothing to place: all {self.spec.instances} instance(s) "
                              "running or being placed")
-            for offer_id in declines:
+            for offer_id in p.declines:
                 driver.decline([offer_id], DECLINE_WHEN_IDLE_S if not why else 1.0,
                                reason=reason, traceparent=by_id[offer_id].traceparent)
             self.pending_reason = why
@@ -240,6 +341,8 @@ class ServiceScheduler(Scheduler):
             if inst.task_id != status.task_id:
                 return  # an update of an older attempt
             inst.state = state
+            if status.HasField("healthy"):
+                self._health(driver, inst, status.healthy)
             if task_states.is_terminal(status.state):
                 logger.info("instance ended", task=status.task_id, state=state,
                             reason=common_pb2.TaskStatus.Reason.Name(status.reason),
@@ -250,8 +353,27 @@ class ServiceScheduler(Scheduler):
             self._scale_down(driver)
         self._write_status()
 
+    def _health(self, driver: SchedulerDriver, inst: Instance, healthy: bool) -> None:
+        """Count `healthy=false` reports in a row; at the spec's limit kill the instance
+        (the executor should have; an ended instance is then replaced as any other)."""
+        inst.healthy = healthy
+        inst.unhealthy = 0 if healthy else inst.unhealthy + 1
+        limit = self.spec.health_failures
+        if limit and inst.unhealthy >= limit and inst.live and not inst.kill_sent:
+            logger.warning("instance unhealthy: killing it", task=inst.task_id,
+                           reports=inst.unhealthy)
+            self._kill(driver, inst)
+            self.health_kills += 1
+
     def rescinded(self, driver: SchedulerDriver, offer_ids: list[str], reason: int) -> None:
         pass
+
+    def error(self, driver: SchedulerDriver, message: str) -> None:
+        """The master's final word (this framework was removed by the operator, or refused):
+        the driver stops and does not re-subscribe; main() ends the process."""
+        logger.info("framework ended by the master", name=self.spec.name, message=message)
+        self.removed = message or "error without a message"
+        self.finished.set()
 
     def set_instances(self, driver: SchedulerDriver, n: int) -> None:
         with self.lock:
@@ -262,9 +384,13 @@ class ServiceScheduler(Scheduler):
 
     def _scale_down(self, driver: SchedulerDriver) -> None:
         for inst in self.instances.values():
-            if inst.index >= self.spec.instances and inst.live and inst.state != "TASK_KILLING":
-                driver.kill(inst.task_id, inst.agent_id)
-                inst.state = "TASK_KILLING"
+            if inst.index >= self.spec.instances and inst.live and not inst.kill_sent:
+                self._kill(driver, inst)
+
+    @staticmethod
+    def _kill(driver: SchedulerDriver, inst: Instance) -> None:
+        driver.kill(inst.task_id, inst.agent_id)
+        inst.state, inst.kill_sent = "TASK_KILLING", True
 
     def _want_offers(self, driver: SchedulerDriver) -> None:
         missing = sum(1 for i in range(self.spec.instances)
@@ -283,8 +409,10 @@ class ServiceScheduler(Scheduler):
             doc = {"name": self.spec.name, "instances": self.spec.instances,
                    "states": Counter(i.state for i in self.instances.values()),
                    "pending_reason": self.pending_reason, "restarts": self.restarts,
+                   "health_kills": self.health_kills, "removed": self.removed,
                    "tasks": {i.index: {"task_id": i.task_id, "state": i.state,
-                                       "host": i.hostname} for i in self.instances.values()}}
+                                       "host": i.hostname, "healthy": i.healthy}
+                             for i in self.instances.values()}}
         tmp = self.status_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(doc, indent=2, sort_keys=True))
         os.replace(tmp, self.status_path)
@@ -298,6 +426,9 @@ def _index_of(name: str, task_id: str) -> int | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Exit 0 on SIGTERM/SIGINT (the tasks keep running: failover), on SIGUSR1 (tear the
+    framework down: its tasks are killed), when the spec file is removed, or when the master
+    removed the framework (`offerbus stop`); 1 when the master refused it otherwise."""
     ap = argparse.ArgumentParser(prog="offerbus-service", description=__doc__)
     ap.add_argument("--cluster", required=True)
     ap.add_argument("--spec", type=Path, required=True, help="the service's JSON spec")
@@ -307,30 +438,41 @@ def main(argv: list[str] | None = None) -> int:
     spec = ServiceSpec(**json.loads(args.spec.read_text()))
     spec.check()
     scheduler = ServiceScheduler(spec, args.spec.with_suffix(".status.json"))
-    info = common_pb2.FrameworkInfo(name=spec.name, role="*", principal=spec.name,
+    info = common_pb2.FrameworkInfo(name=spec.name, role=spec.role or "*", principal=spec.name,
                                     failover_timeout_s=args.failover_timeout)
     info.capabilities.append(common_pb2.FrameworkInfo.CAPABILITY_PARTITION_AWARE)
     driver = SchedulerDriver(scheduler, info, args.cluster)
     stop = threading.Event()
+    teardown = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGUSR1:
+            teardown.set()
         stop.set()
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+        signal.signal(signum, on_signal)
     driver.start()
     mtime = args.spec.stat().st_mtime
-    while not stop.wait(0.5):  # watch the spec file for scaling
+    while not stop.wait(0.5) and not scheduler.finished.is_set():  # spec file: scaling
         try:
             now_mtime = args.spec.stat().st_mtime
         except FileNotFoundError:
             break
         if now_mtime != mtime:
             mtime = now_mtime
-            new = ServiceSpec(**json.loads(args.spec.read_text()))
+            try:
+                new = ServiceSpec(**json.loads(args.spec.read_text()))
+            except (OSError, ValueError, TypeError) as exc:
+                logger.warning("spec unreadable: kept the last one", error=repr(exc))
+                continue
             logger.info("scaling", name=spec.name, instances=new.instances)
             scheduler.set_instances(driver, new.instances)
-    driver.stop(failover=True)  # the tasks keep running until the failover timeout
+    if scheduler.finished.is_set():
+        driver.join(10)
+        return 0 if "removed" in scheduler.removed else 1
+    # Without teardown the tasks keep running until the failover timeout.
+    driver.stop(failover=not teardown.is_set())
     driver.join(10)
     return 0
 

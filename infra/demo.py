@@ -28,6 +28,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("COLUMNS", "120")
 
     from services.cli import main as cli
+    from services.cli.lifecycle import EXIT_NAME_IN_USE
 
     base = ["--run-dir", str(args.run_dir), "--timeout", "90"]
     steps: list[tuple[str, list[str]]] = [
@@ -44,6 +45,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"\n== {title}\n   $ offerbus {' '.join(command[:1] + command[1:6])}"
               f"{' ...' if len(command) > 6 else ''}", flush=True)
         code = cli.main(base + command)
+        if code == EXIT_NAME_IN_USE and command[0] == "run":  # `make run` again: keep it
+            print("   the demo service runs already (from an earlier `make run`); setting "
+                  f"its size to {args.instances}", flush=True)
+            code = cli.main([*base, "scale", "demo", str(args.instances)])
         if code != 0:
             print(f"\nmake run: step failed ({title}); logs are in {args.run_dir}/logs/",
                   file=sys.stderr)
@@ -55,6 +60,8 @@ def main(argv: Sequence[str] | None = None) -> int:
    {venv} logs demo-0-1              an instance's output
    {venv} kill demo-0-1              the framework replaces it
    {venv} scale demo 10              more instances
+   {venv} stop demo                  remove the service and its containers
+   {venv} roles                      fair shares per role (any listing takes --json)
    {venv} agents / frameworks        the fleet and who uses it
    master /state and /metrics:       see `{venv} status` for the master's address
    logs of every service:            {args.run_dir}/logs/

@@ -132,3 +132,31 @@ def as_seen_by(state: State, partition_aware: bool) -> State:
     if not partition_aware and state in PARTITION_AWARE_ONLY:
         return LOST
     return state
+
+
+# -- helpers for readers of state documents and of status updates ---------------------------
+def from_name(text: str) -> State | None:
+    """The state a document names ("TASK_RUNNING", as the master's /state JSON writes it, or
+    "RUNNING"); None for a name this schema does not know."""
+    try:
+        return _TS.Value(text if text.startswith("TASK_") else f"TASK_{text}")
+    except ValueError:
+        return None
+
+
+def is_terminal_name(text: str) -> bool:
+    """`is_terminal` for a state given by name (a JSON document's)."""
+    state = from_name(text)
+    return state is not None and state in TERMINAL
+
+
+def is_active_name(text: str) -> bool:
+    """A state given by name is one of ACTIVE (the task may still run)."""
+    state = from_name(text)
+    return state is not None and state in ACTIVE
+
+
+def ends_updates(state: State) -> bool:
+    """No further update comes for a task after this one: a terminal state, or TASK_UNKNOWN
+    (a reconciliation answer: the master does not know the task)."""
+    return state in TERMINAL or state == UNKNOWN

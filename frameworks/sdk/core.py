@@ -23,17 +23,13 @@ from frameworks.sdk.scheduler import (
     Update,
 )
 from schemas import bus_pb2, common_pb2, scheduler_pb2
+from services import tasks as task_states
 from services.bus.liveness import Backoff
 
 Call = scheduler_pb2.SchedulerCall
 Event = scheduler_pb2.SchedulerEvent
 AckKey = tuple[str, str, bytes]  # (agent_id, task_id, uuid)
 
-TERMINAL_STATES = frozenset({
-    common_pb2.TASK_FINISHED, common_pb2.TASK_FAILED, common_pb2.TASK_KILLED,
-    common_pb2.TASK_ERROR, common_pb2.TASK_LOST, common_pb2.TASK_DROPPED, common_pb2.TASK_GONE,
-    common_pb2.TASK_GONE_BY_OPERATOR, common_pb2.TASK_UNKNOWN,
-})
 USED_OFFERS_REMEMBERED = 10_000  # offer ids kept after use, to name a second accept clearly
 # Bus errors that mean "this connection is not subscribed" (e.g. the master failed over).
 NOT_SUBSCRIBED_CODES = frozenset({bus_pb2.NOT_REGISTERED})
@@ -225,7 +221,7 @@ class SchedulerCore:
         return [Offers(tuple(new))] if new else []
 
     def _on_status(self, status: common_pb2.TaskStatus) -> Update:
-        if status.state in TERMINAL_STATES:
+        if task_states.ends_updates(status.state):
             self.tasks.pop(status.task_id, None)
         else:
             self.tasks[status.task_id] = status
@@ -526,6 +522,6 @@ class SchedulerCore:
             assert rec.connection == self.connection, f"offer {oid} from an earlier connection"
             assert oid not in self._used, f"offer {oid} outstanding after being used"
         for tid, status in self.tasks.items():
-            assert status.task_id == tid and status.state not in TERMINAL_STATES
+            assert status.task_id == tid and not task_states.ends_updates(status.state)
         assert all(key == ack_key(s) and s.uuid for key, s in self.pending_acks.items())
         assert len(self._used) <= USED_OFFERS_REMEMBERED

@@ -1,6 +1,7 @@
 """`offerbus up` / `offerbus down`: a local cluster of separate background processes —
 ZooKeeper (or standalone election), master, allocator, offer-broker and N agents, each agent
-with its own work dir, resources and hostname — with pids and logs under one run dir."""
+with its own work dir, resources and hostname — with pids and logs under one run dir, and
+the cluster's id (<run-dir>/cluster.id) naming what `down` may remove."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -42,6 +44,11 @@ class UpOptions:
 
 def _pids_dir(run_dir: Path) -> Path:
     return run_dir / "pids"
+
+
+def alive(pid: int) -> bool:
+    """True while `pid` runs (a child of this process that exited is reaped)."""
+    return _alive(pid)
 
 
 def _alive(pid: int) -> bool:
@@ -140,14 +147,67 @@ def up(opts: UpOptions) -> str:
                 "--hostname", name, "--resources", opts.agent_resources,
                 "--attributes", f"rack:{RACKS[(i - 1) % len(RACKS)]}",
                 "--runtime", opts.runtime, *beat], env=traces)
-        wait_ready(url, run_dir, opts.agents, opts.timeout, status)
+        state = wait_ready(url, run_dir, opts.agents, opts.timeout, status)
+        record_cluster_id(run_dir, state)
     console.print(f"[green]cluster up[/] in {run_dir}: master, allocator, offer-broker and "
                   f"{opts.agents} agents; election and registry at {url}")
     console.print(f"  logs: {run_dir / 'logs'}/   state: `offerbus status`, `offerbus agents`")
     return url
 
 
-def wait_ready(url: str, run_dir: Path, agents: int, timeout: float, status: object) -> None:
+def cluster_id_path(run_dir: Path) -> Path:
+    return run_dir / "cluster.id"
+
+
+def record_cluster_id(run_dir: Path, state: dict[str, Any]) -> str:
+    """Keep the cluster's id from the master's /state (top-level "cluster_id") in
+    <run-dir>/cluster.id; "" (nothing written) when the master does not publish it."""
+    cid = str(state.get("cluster_id") or "")
+    if cid:
+        cluster_id_path(run_dir).write_text(cid + "\n")
+    return cid
+
+
+def known_cluster_id(run_dir: Path) -> str:
+    """The id `up` recorded; else asked of this run dir's leading master (1 s), if any."""
+    path = cluster_id_path(run_dir)
+    if path.exists():
+        return path.read_text().strip()
+    url_file = run_dir / "cluster.url"
+    if not url_file.exists() or not running(run_dir):
+        return ""
+    try:
+        leader = find_leader(url_file.read_text().strip(), timeout=1.0)
+        return record_cluster_id(run_dir, http_get(leader.endpoints["http"] + "/state", 2.0))
+    except (CliError, OSError, ValueError, KeyError):
+        return ""
+
+
+def stop_process(run_dir: Path, name: str, timeout: float = 10.0) -> bool:
+    """Stop one process of this run dir (SIGTERM to its group, SIGKILL after `timeout`) and
+    forget its pid file. True if it was running."""
+    pid = running(run_dir).get(name)
+    pid_file = _pids_dir(run_dir) / f"{name}.pid"
+    if pid is None:
+        pid_file.unlink(missing_ok=True)
+        return False
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)  # polling process exit with a deadline
+    if _alive(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+    pid_file.unlink(missing_ok=True)
+    child = _children.pop((run_dir.resolve(), name), None)
+    if child is not None:
+        child.poll()
+    return True
+
+
+def wait_ready(url: str, run_dir: Path, agents: int, timeout: float,
+               status: object) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     last = ""
     while time.monotonic() < deadline:
@@ -165,7 +225,7 @@ def wait_ready(url: str, run_dir: Path, agents: int, timeout: float, status: obj
                              if a.get("status") == "AGENT_STATUS_REGISTERED")
             last = f"{registered}/{agents} agents registered"
             if registered >= agents:
-                return
+                return dict(state)
         except CliError as exc:
             last = str(exc)
         if hasattr(status, "update"):
@@ -175,26 +235,37 @@ def wait_ready(url: str, run_dir: Path, agents: int, timeout: float, status: obj
                    f"{run_dir / 'logs'}/")
 
 
-def executor_pids(run_dir: Path) -> dict[str, int]:
-    """Executors run detached from their agent (they survive its restarts): find them in
-    the agents' checkpoints."""
+def _checkpointed_executors(run_dir: Path) -> list[Any]:
     from services.agent.checkpoint import AgentCheckpoint
 
-    out = {}
+    out: list[Any] = []
     for work_dir in sorted((run_dir / "agents").glob("*")):
         try:
             state = AgentCheckpoint(work_dir).load_state()
         except Exception:
             continue
-        for ex in state.executors if state is not None else []:
-            if ex.pid and _alive(ex.pid):
-                out[f"executor {ex.executor_id}"] = ex.pid
+        out.extend(state.executors if state is not None else [])
     return out
+
+
+def executor_pids(run_dir: Path) -> dict[str, int]:
+    """Executors run detached from their agent (they survive its restarts): find them in
+    the agents' checkpoints."""
+    return {f"executor {ex.executor_id}": ex.pid for ex in _checkpointed_executors(run_dir)
+            if ex.pid and _alive(ex.pid)}
+
+
+def executor_ids(run_dir: Path) -> set[str]:
+    """The executors this run dir's agents checkpointed (each id ends in a random part, so
+    it names one cluster's executor, unlike agent ids before cluster-unique ids)."""
+    return {ex.executor_id for ex in _checkpointed_executors(run_dir) if ex.executor_id}
 
 
 def down(run_dir: Path, timeout: float = 15.0) -> None:
     run_dir = run_dir.resolve()
+    cluster_id = known_cluster_id(run_dir)  # before its master stops
     procs = running(run_dir)
+    executors = executor_ids(run_dir)
     for name, pid in executor_pids(run_dir).items():
         try:
             os.kill(pid, signal.SIGKILL)
@@ -214,7 +285,7 @@ def down(run_dir: Path, timeout: float = 15.0) -> None:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(pid, signal.SIGKILL)
         status.update("removing task containers")
-        removed = remove_task_containers()
+        removed = remove_task_containers(cluster_id, executors | executor_ids(run_dir))
         if (run_dir / "zk").exists():
             status.update("stopping ZooKeeper")
             subprocess.run([sys.executable, "-m", "infra.zookeeper", "stop", "--dir",
@@ -229,21 +300,37 @@ def down(run_dir: Path, timeout: float = 15.0) -> None:
     for part in STATE_PARTS:
         shutil.rmtree(run_dir / part, ignore_errors=True)
     (run_dir / "cluster.url").unlink(missing_ok=True)
+    cluster_id_path(run_dir).unlink(missing_ok=True)
     console.print(f"[green]cluster down[/]: {len(procs)} processes stopped, "
                   f"{removed} containers removed; state cleared (logs kept in "
                   f"{run_dir / 'logs'})")
 
 
-def remove_task_containers() -> int:
-    """Every container an Offerbus executor started (and any that outlived its agent)."""
+def owned(labels: dict[str, str], cluster_id: str, executors: set[str]) -> bool:
+    """A container is this cluster's when it carries the cluster's id, or was started by
+    one of this run dir's checkpointed executors. Never "any Offerbus container"."""
+    from services.executor.runtime import LABEL_CLUSTER, LABEL_EXECUTOR
+
+    if cluster_id and labels.get(LABEL_CLUSTER) == cluster_id:
+        return True
+    return bool(labels.get(LABEL_EXECUTOR)) and labels.get(LABEL_EXECUTOR) in executors
+
+
+def remove_task_containers(cluster_id: str, executors: set[str]) -> int:
+    """The containers of this cluster only (see `owned`), other clusters' stay."""
+    from services.executor.runtime import LABEL_TASK
+
     try:
         import docker
 
         client = docker.from_env(timeout=30)
-        containers = client.containers.list(all=True, filters={"label": "org.offerbus.task_id"})
+        # The low-level list: no inspect per container (one removed meanwhile is no error).
+        listed = client.api.containers(all=True, filters={"label": LABEL_TASK})
     except Exception:
         return 0
-    for c in containers:
+    mine = [c["Id"] for c in listed if owned(dict(c.get("Labels") or {}), cluster_id, executors)]
+    for cid in mine:
         with contextlib.suppress(Exception):
-            c.remove(force=True)
-    return len(containers)
+            client.api.remove_container(cid, force=True)
+    client.close()
+    return len(mine)

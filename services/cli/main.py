@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -12,12 +11,13 @@ from typing import Any
 from rich.console import Console
 
 from schemas import agent_pb2, operator_pb2
-from services.cli import cluster, trace, views, why
+from services.cli import cluster, lifecycle, trace, views, why
 from services.cli.client import (
     DEFAULT_RUN_DIR,
     CliError,
     cluster_url,
     find_leader,
+    http_get,
     master_state,
     operator_call,
 )
@@ -50,35 +50,79 @@ def cmd_down(args: argparse.Namespace) -> int:
     return 0
 
 
+def status_doc(url: str, leader: Any, state: dict[str, Any],
+               others: dict[str, Any]) -> dict[str, Any]:
+    """`offerbus status --json`: leaders, and counts of agents, frameworks and tasks."""
+    agents = Counter(a.get("status", "").removeprefix("AGENT_STATUS_").lower()
+                     for a in state.get("agents", []))
+    return {"cluster": url, "cluster_id": state.get("cluster_id", ""),
+            "leaders": {"master": {"id": leader.member_id, "epoch": leader.epoch,
+                                   "http": leader.endpoints.get("http", "")},
+                        **{role: (None if o is None else {"id": o.member_id, "epoch": o.epoch})
+                           for role, o in others.items()}},
+            "agents": dict(agents), "frameworks": len(state.get("frameworks", [])),
+            "tasks": {s.lower(): n for s, n in views.task_counts(state).items()}}
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     url = cluster_url(args.cluster, args.run_dir)
     leader, state = master_state(url, args.timeout)
-    console.print(f"cluster {url}")
-    console.print(f"  master     {leader.member_id} (epoch {leader.epoch}) "
-                  f"{leader.endpoints['http']}")
+    others: dict[str, Any] = {}
     for role in ("allocator", "broker"):
         try:
-            other = find_leader(url, 1.0, role)
-            console.print(f"  {role:<10} {other.member_id} (epoch {other.epoch})")
+            others[role] = find_leader(url, 1.0, role)
         except CliError:
+            others[role] = None
+    doc = status_doc(url, leader, state, others)
+    if args.json:
+        views.print_json(console, doc)
+        return 0
+    console.print(f"cluster {url}" + (f" (id {doc['cluster_id']})" if doc["cluster_id"] else ""))
+    console.print(f"  master     {leader.member_id} (epoch {leader.epoch}) "
+                  f"{leader.endpoints['http']}")
+    for role, other in others.items():
+        if other is None:
             console.print(f"  {role:<10} [red]no leader[/]")
-    statuses = Counter(a.get("status", "").removeprefix("AGENT_STATUS_").lower()
-                       for a in state["agents"])
-    console.print(f"  agents     {sum(statuses.values())} ({_counts(statuses)})")
-    console.print(f"  frameworks {len(state['frameworks'])}")
-    tasks = Counter({s.lower(): n for s, n in views.task_counts(state).items()})
-    console.print(f"  tasks      {_counts(tasks) or 'none'}")
+        else:
+            console.print(f"  {role:<10} {other.member_id} (epoch {other.epoch})")
+    agents = Counter(doc["agents"])
+    console.print(f"  agents     {sum(agents.values())} ({_counts(agents)})")
+    console.print(f"  frameworks {doc['frameworks']}")
+    console.print(f"  tasks      {_counts(Counter(doc['tasks'])) or 'none'}")
     return 0
 
 
 def cmd_table(args: argparse.Namespace) -> int:
     _, state = master_state(cluster_url(args.cluster, args.run_dir), args.timeout)
     if args.command == "agents":
-        console.print(views.agents_table(state))
+        rows, tbl = views.agent_rows(state), views.agents_table(state)
     elif args.command == "frameworks":
-        console.print(views.frameworks_table(state))
+        rows, tbl = views.framework_rows(state), views.frameworks_table(state)
     else:
-        console.print(views.tasks_table(state, show_all=args.all))
+        rows, tbl = views.task_rows(state, args.all), views.tasks_table(state, args.all)
+    if args.json:
+        views.print_json(console, rows)
+    else:
+        console.print(tbl)
+    return 0
+
+
+def cmd_roles(args: argparse.Namespace) -> int:
+    url = cluster_url(args.cluster, args.run_dir)
+    allocator = find_leader(url, args.timeout, role="allocator")
+    doc = http_get(allocator.endpoints["http"] + "/roles", args.timeout)
+    if not isinstance(doc, dict) or "roles" not in doc:
+        raise CliError(f"the allocator {allocator.member_id} does not serve /roles yet")
+    if doc.get("leading") is False:
+        raise CliError(f"the allocator {allocator.member_id} is not leading (yet); try again")
+    try:
+        _, state = master_state(url, args.timeout)
+    except CliError:
+        state = None  # frameworks then shown by id
+    if args.json:
+        views.print_json(console, views.role_rows(doc, state))
+    else:
+        console.print(views.roles_table(doc, state))
     return 0
 
 
@@ -115,43 +159,15 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from frameworks import service
-
-    url = cluster_url(args.cluster, args.run_dir)
-    spec = service.ServiceSpec(
-        name=args.name, image=args.image, instances=args.instances, cpus=args.cpus,
-        mem=args.mem, command=args.cmd, constraints=args.constraint or [],
-        runtime="docker" if args.image else "process")
-    spec_path = service.write_spec(args.run_dir.resolve(), spec)
-    pid = cluster.spawn(args.run_dir.resolve(), f"framework-{args.name}", [
-        "-m", "frameworks.service", "--cluster", url, "--spec", str(spec_path)])
-    console.print(f"framework {args.name} started (pid {pid}); spec {spec_path}")
-    if args.no_wait:
-        return 0
-    deadline = time.monotonic() + args.timeout
-    with console.status(f"waiting for {args.instances} instances of {args.name}") as status:
-        while time.monotonic() < deadline:
-            _, state = master_state(url, 5.0)
-            counts = service.instance_states(state, args.name)
-            status.update(f"{args.name}: " + ", ".join(f"{n} {s.lower()}"
-                                                       for s, n in sorted(counts.items())))
-            if counts.get("RUNNING", 0) >= args.instances:
-                console.print(f"[green]{args.name}: {args.instances} instances RUNNING[/]")
-                return 0
-            time.sleep(0.2)  # polling the master's state with a deadline
-    raise CliError(f"{args.name} did not reach {args.instances} RUNNING within "
-                   f"{args.timeout:g}s; see `offerbus tasks --all` and "
-                   f"{args.run_dir}/logs/framework-{args.name}.log")
+    return lifecycle.cmd_run(args, console)
 
 
 def cmd_scale(args: argparse.Namespace) -> int:
-    from frameworks import service
+    return lifecycle.cmd_scale(args, console)
 
-    spec = service.read_spec(args.run_dir.resolve(), args.name)
-    spec.instances = args.instances
-    service.write_spec(args.run_dir.resolve(), spec)
-    console.print(f"{args.name}: scaling to {args.instances} instances")
-    return 0
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    return lifecycle.cmd_stop(args, console)
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
@@ -178,12 +194,18 @@ def parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_up)
     sub.add_parser("down", help="stop the local cluster and remove its containers"
                    ).set_defaults(fn=cmd_down)
-    sub.add_parser("status", help="leaders, agents, frameworks, tasks").set_defaults(fn=cmd_status)
-    sub.add_parser("agents", help="agents and their resources").set_defaults(fn=cmd_table)
-    sub.add_parser("frameworks", help="frameworks").set_defaults(fn=cmd_table)
-    p = sub.add_parser("tasks", help="tasks and where they run")
-    p.add_argument("--all", action="store_true", help="include finished tasks")
-    p.set_defaults(fn=cmd_table)
+    listing = {"status": ("leaders, agents, frameworks, tasks", cmd_status),
+               "agents": ("agents and their resources", cmd_table),
+               "frameworks": ("frameworks", cmd_table),
+               "tasks": ("tasks, where they run, their health", cmd_table),
+               "roles": ("roles: weight, frameworks, dominant share (the allocator's)",
+                         cmd_roles)}
+    for name, (text, fn) in listing.items():
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+        if name == "tasks":
+            p.add_argument("--all", action="store_true", help="include finished tasks")
+        p.set_defaults(fn=fn)
     p = sub.add_parser("kill", help="kill a task (operator)")
     p.add_argument("task")
     p.add_argument("--framework", help="the task's framework id, if ambiguous")
@@ -193,21 +215,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--stderr", action="store_true")
     p.add_argument("--tail", type=int, default=0, help="last N lines (0: all)")
     p.set_defaults(fn=cmd_logs)
-    p = sub.add_parser("run", help="run N instances of a container as a service")
-    p.add_argument("--name", required=True)
-    p.add_argument("--image", default="", help="Docker image (empty: a plain process)")
-    p.add_argument("--instances", type=int, default=1)
-    p.add_argument("--cpus", type=float, default=0.1)
-    p.add_argument("--mem", type=float, default=32)
-    p.add_argument("--constraint", action="append",
-                   help='placement: "hostname:unique" or "rack:a" (attribute match)')
-    p.add_argument("--no-wait", action="store_true")
-    p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- command and args")
-    p.set_defaults(fn=cmd_run)
-    p = sub.add_parser("scale", help="change a service's number of instances")
-    p.add_argument("name")
-    p.add_argument("instances", type=int)
-    p.set_defaults(fn=cmd_scale)
+    lifecycle.add_parsers(sub)
+    for name, fn in (("run", cmd_run), ("scale", cmd_scale), ("stop", cmd_stop)):
+        sub.choices[name].set_defaults(fn=fn)
     trace.add_parser(sub)
     sub.choices["trace"].set_defaults(fn=cmd_trace)
     why.add_parser(sub)

@@ -264,6 +264,13 @@ def cmd_trace(args: argparse.Namespace, console: Console) -> int:
     if not chosen:
         raise CliError(no_spans_message(args.kind, args.id, folder, args.run_dir))
     rows = waterfall(chosen)
+    if getattr(args, "json", False):
+        from dataclasses import asdict
+
+        from services.cli.views import print_json
+
+        print_json(console, [asdict(r) for r in rows])
+        return 0
     traces = sorted({r.trace_id for r in rows})
     total = max(r.offset_ms + r.duration_ms for r in rows)
     console.print(table(rows, f"{args.kind} {args.id}: {len(rows)} spans in "
@@ -278,3 +285,4 @@ def add_parser(sub: Any) -> None:
     p.add_argument("id")
     p.add_argument("--traces", type=Path, default=None,
                    help="folder of OTLP-JSON trace files (default <run-dir>/traces)")
+    p.add_argument("--json", action="store_true", help="print the spans' rows as JSON")

@@ -15,13 +15,12 @@ from typing import Any
 
 from rich.console import Console
 
+from services import tasks
 from services.cli.client import CliError, cluster_url, find_leader, http_get, master_state
 from services.cli.trace import Span, end_ns, load_spans, names, start_ns
 from services.telemetry import spans as S
 
 Doc = dict[str, Any]
-TERMINAL = {"TASK_FINISHED", "TASK_FAILED", "TASK_KILLED", "TASK_LOST", "TASK_ERROR",
-            "TASK_DROPPED", "TASK_GONE"}
 RECENT = 3  # declines quoted
 
 
@@ -213,7 +212,7 @@ def explain_framework(fid: str, decisions: list[Doc] | None, state: Doc, spans: 
     if record is not None:
         info = record["framework_info"]
         live = sum(1 for t in state.get("tasks", []) if t.get("framework_id") == fid
-                   and t.get("status", {}).get("state") not in TERMINAL)
+                   and not tasks.is_terminal_name(t.get("status", {}).get("state", "")))
         out.append(f"Framework {_label(fid, state)} (role {info.get('role', '*')}) is "
                    f"{'connected' if record.get('connected') else 'disconnected'} and has "
                    f"{live} live task(s).")

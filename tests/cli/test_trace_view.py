@@ -185,3 +185,24 @@ def test_cli_prints_the_waterfall_and_explains_missing_spans(
     assert code == 1
     assert "no spans for task nope in" in out and "is tracing on?" in out
     assert str(tmp_path / "traces") in out
+
+
+def test_trace_fits_80_columns_and_takes_json(
+        traces: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from rich.console import Console
+
+    console = Console(width=80, record=True)
+    monkeypatch.setattr(cli_main, "console", console)
+    assert cli_main.main(["--run-dir", str(tmp_path), "trace", "task", "web-0-1",
+                          "--traces", str(traces)]) == 0
+    out = console.export_text()
+    assert max(len(line) for line in out.splitlines()) <= 80, out
+    buf = tmp_path / "out.json"
+    with open(buf, "w") as f:
+        console.file = f
+        assert cli_main.main(["--run-dir", str(tmp_path), "trace", "task", "web-0-1",
+                              "--traces", str(traces), "--json"]) == 0
+    rows = json.loads(buf.read_text())
+    assert len(rows) == 8 and {"service", "name", "offset_ms", "facts"} <= set(rows[0])

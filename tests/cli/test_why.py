@@ -117,7 +117,8 @@ def _pending_status(tmp_path: Path) -> dict[str, dict[str, Any]]:
                                runtime="process")
     offer = common_pb2.Offer(offer_id="o-2", agent_id="agent-2", hostname="agent-2")
     offer.resources.extend(AGENT.to_proto())
-    _, declines, reason = service.plan(spec, {}, [offer])
+    placed = service.plan(spec, {}, [offer])
+    declines, reason = placed.declines, placed.why
     assert declines == ["o-2"] and reason == NO_FIT
     path = service.spec_path(tmp_path, "big").with_suffix(".status.json")
     path.parent.mkdir(parents=True)
@@ -193,3 +194,17 @@ def test_cli_why_asks_the_allocator_for_the_framework(
     assert code == 0
     assert asked == ["http://alloc:1/decisions?framework=fw-web"]
     assert "it suppressed offers (revive to get offers again)" in console.export_text()
+
+
+@pytest.mark.parametrize("ended", ["TASK_GONE_BY_OPERATOR", "TASK_GONE", "TASK_KILLED"])
+def test_ended_tasks_are_not_counted_live(ended: str) -> None:
+    """Every terminal state of services/tasks.py ends a task for `why` (TASK_GONE_BY_OPERATOR
+    was counted live when why.py kept its own list)."""
+    running = state_pb2.TaskRecord(framework_id="fw-web", agent_id="agent-1")
+    running.task_info.task_id = "web-0-1"
+    running.status.state = common_pb2.TASK_RUNNING
+    gone = state_pb2.TaskRecord(framework_id="fw-web", agent_id="agent-1")
+    gone.task_info.task_id = "web-1-1"
+    gone.status.state = common_pb2.TaskState.Value(ended)
+    out = why.explain_framework("fw-web", [], state_json((running, gone)), [])
+    assert "has 1 live task(s)" in out[0], out

@@ -22,12 +22,17 @@ def spec(**kw: object) -> ServiceSpec:
     return ServiceSpec(**base)  # type: ignore[arg-type]
 
 
+def _plan(*a: object) -> tuple[dict[str, list[int]], list[str], str]:
+    p = plan(*a)  # type: ignore[arg-type]
+    return p.launches, p.declines, p.why
+
+
 def test_spreads_missing_instances_over_hosts() -> None:
-    launches, declines, why = plan(spec(), {}, [offer("o1", "h1", 1.0, 1024),
+    launches, declines, why = _plan(spec(), {}, [offer("o1", "h1", 1.0, 1024),
                                                 offer("o2", "h2", 4.0, 1024)])
     assert launches == {"o1": [0, 2], "o2": [1, 3, 4]} and declines == [] and why == ""
     instances = {0: Instance(0, "web-0-1", state="TASK_RUNNING", hostname="h1")}
-    launches, _, _ = plan(spec(instances=3), instances, [offer("o1", "h1", 4, 1024),
+    launches, _, _ = _plan(spec(instances=3), instances, [offer("o1", "h1", 4, 1024),
                                                          offer("o2", "h2", 4, 1024)])
     assert launches == {"o2": [1], "o1": [2]}
 
@@ -35,13 +40,13 @@ def test_spreads_missing_instances_over_hosts() -> None:
 def test_live_instances_are_not_launched_again_and_dead_ones_are() -> None:
     instances = {0: Instance(0, "web-0-1", state="TASK_RUNNING", hostname="h1"),
                  1: Instance(1, "web-1-1", state="TASK_FAILED", hostname="h1")}
-    launches, _, _ = plan(spec(instances=2), instances, [offer("o1", "h1", 4.0, 1024)])
+    launches, _, _ = _plan(spec(instances=2), instances, [offer("o1", "h1", 4.0, 1024)])
     assert launches == {"o1": [1]}
 
 
 def test_hostname_unique_places_one_per_host() -> None:
     instances = {0: Instance(0, "web-0-1", state="TASK_RUNNING", hostname="h1")}
-    launches, declines, why = plan(spec(instances=3, constraints=["hostname:unique"]),
+    launches, declines, why = _plan(spec(instances=3, constraints=["hostname:unique"]),
                                    instances, [offer("o1", "h1", 4, 1024),
                                                offer("o2", "h2", 4, 1024)])
     assert launches == {"o2": [1]} and declines == ["o1"]
@@ -49,14 +54,14 @@ def test_hostname_unique_places_one_per_host() -> None:
 
 
 def test_attribute_match() -> None:
-    launches, declines, why = plan(spec(instances=1, constraints=["rack:b"]), {},
+    launches, declines, why = _plan(spec(instances=1, constraints=["rack:b"]), {},
                                    [offer("o1", "h1", 4, 1024, rack="a"),
                                     offer("o2", "h2", 4, 1024, rack="b")])
     assert launches == {"o2": [0]} and declines == ["o1"] and why == ""
 
 
 def test_a_task_larger_than_any_offer_is_explained_not_crashed() -> None:
-    launches, declines, why = plan(spec(instances=1, mem=1_000_000), {},
+    launches, declines, why = _plan(spec(instances=1, mem=1_000_000), {},
                                    [offer("o1", "h1", 4, 4096)])
     assert launches == {} and declines == ["o1"]
     assert "no offer fits" in why and "h1" in why

@@ -346,6 +346,34 @@ def test_error_event_aborts_and_teardown_is_terminal() -> None:
     assert teardown.framework_id == FID and rec.core.state is State.ABORTED
 
 
+def test_the_task_view_ends_tasks_by_services_tasks() -> None:
+    """The terminal states come from services/tasks.py (plus TASK_UNKNOWN, an answer after
+    which no update comes); the driver keeps no list of its own."""
+    from services import tasks
+
+    rec = Recorder(new_core())
+    subscribe(rec)
+    ended = sorted(tasks.TERMINAL | {tasks.UNKNOWN})
+    for i in range(len(ended)):
+        rec.run(rec.core.on_event(update(status(f"t{i}")), 1.0))
+    assert len(rec.core.tasks) == len(ended)
+    for i, state in enumerate(ended):
+        rec.run(rec.core.on_event(update(status(f"t{i}", state)), 2.0))
+    assert rec.core.tasks == {}
+
+
+def test_an_error_after_abort_never_resubscribes() -> None:
+    """An operator's removal (SchedulerEvent.Error) is final: no Subscribe on a new leader,
+    a new connection, or a timer."""
+    rec = Recorder(new_core())
+    subscribe(rec)
+    rec.run(rec.core.on_event(Event(error=Event.Error(
+        message="framework fw-1 removed by the operator")), 1.0))
+    out = [*rec.run(rec.core.master_detected("m2", 2, 2.0)), *rec.run(rec.core.connected(2.1)),
+           *rec.run(rec.core.tick(100.0))]
+    assert sends(out, "subscribe") == [] and rec.core.state is State.ABORTED
+
+
 def test_an_accept_that_cannot_be_sent_is_refused_not_retried() -> None:
     rec = Recorder(new_core())
     subscribe(rec)

@@ -1,0 +1,391 @@
+"""A service's lifecycle from the operator's side: `offerbus run` (refuses a name in use,
+starts the service framework, shows live progress and waits while progress is made),
+`offerbus scale` and `offerbus stop` (the master removes the framework and its tasks, then
+its process and spec go). The decisions (is the name free, is the run progressing or
+stalled) are pure functions of the master's /state; a thin layer polls and acts."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich.console import Console
+
+from schemas import operator_pb2
+from services import tasks as task_states
+from services.cli import cluster, why
+from services.cli.client import CliError, cluster_url, http_get, master_state, operator_call
+
+Doc = dict[str, Any]
+EXIT_NAME_IN_USE = 2  # a usage error, as argparse's
+DEFAULT_STALL_S = 60.0
+POLL_S = 0.5
+SHOWN_STATES = ("RUNNING", "STARTING", "STAGING", "KILLING", "UNREACHABLE")
+
+
+# -- pure decisions -----------------------------------------------------------------------
+def frameworks_named(state: Doc, name: str) -> list[str]:
+    """The ids of the frameworks registered with the master under this name."""
+    return [f["framework_info"].get("framework_id", "") for f in state.get("frameworks", [])
+            if f.get("framework_info", {}).get("name") == name]
+
+
+def name_in_use(name: str, state: Doc, spec_exists: bool) -> str | None:
+    """Why `run --name NAME` must be refused, or None when the name is free."""
+    fids = frameworks_named(state, name)
+    if fids:
+        return (f"a framework named {name!r} is registered with the master "
+                f"({', '.join(fids)})")
+    if spec_exists:
+        return f"a service named {name!r} exists in this run dir"
+    return None
+
+
+def service_counts(state: Doc, name: str, want: int) -> Counter[str]:
+    """The service's instances by state: live tasks by their state, `pending` for instances
+    not launched yet, `ended` for attempts that ended (restarts, failures)."""
+    fids = set(frameworks_named(state, name))
+    counts: Counter[str] = Counter()
+    for t in state.get("tasks", []):
+        if t.get("framework_id") not in fids:
+            continue
+        text = t.get("status", {}).get("state", "")
+        if task_states.is_active_name(text):
+            counts[text.removeprefix("TASK_")] += 1
+        elif task_states.is_terminal_name(text):
+            counts["ended"] += 1
+    live = sum(counts[s] for s in SHOWN_STATES)
+    if want > live:
+        counts["pending"] = want - live
+    return counts
+
+
+def summary(counts: Counter[str]) -> str:
+    """'12 running, 30 staging, 8 pending' (and ended attempts last)."""
+    order = [*SHOWN_STATES, "pending", "ended"]
+    return ", ".join(f"{counts[s]} {s.lower()}" for s in order if counts.get(s)) or "nothing yet"
+
+
+@dataclass
+class Progress:
+    """Is a `run` still getting somewhere? Progress is a new best for the instances running,
+    started (running or starting) or launched (live); a crash loop makes none. Stalled after
+    `stall_s` without progress; out of time after `timeout_s` (None: no limit)."""
+
+    want: int
+    started_at: float
+    stall_s: float = DEFAULT_STALL_S
+    timeout_s: float | None = None
+    best: tuple[int, int, int] = (0, 0, 0)
+    last_progress: float = field(default=0.0)
+
+    def __post_init__(self) -> None:
+        self.last_progress = self.started_at
+
+    def observe(self, counts: Counter[str], now: float) -> str:
+        """'done', 'waiting', 'stalled' or 'timeout'."""
+        running = counts.get("RUNNING", 0)
+        if running >= self.want:
+            return "done"
+        now_score = (running, running + counts.get("STARTING", 0),
+                     sum(counts.get(s, 0) for s in SHOWN_STATES))
+        if any(n > b for n, b in zip(now_score, self.best, strict=True)):
+            self.best = tuple(max(n, b) for n, b in zip(now_score, self.best, strict=True))  # type: ignore[assignment]
+            self.last_progress = now
+        if self.timeout_s is not None and now - self.started_at >= self.timeout_s:
+            return "timeout"
+        if now - self.last_progress >= self.stall_s:
+            return "stalled"
+        return "waiting"
+
+
+def parse_env(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise CliError(f"bad --env {item!r}: use KEY=VALUE")
+        out[key] = value
+    return out
+
+
+# -- the thin layer -----------------------------------------------------------------------
+class StatePoller:
+    """The master's /state, polled: the leader is looked up once (a ZooKeeper session each
+    time would be costly) and again only when its address stops answering."""
+
+    def __init__(self, url: str, timeout: float) -> None:
+        self.url, self.timeout = url, timeout
+        self.leader: Any = None
+
+    def __call__(self) -> Doc:
+        if self.leader is not None:
+            try:
+                doc = http_get(self.leader.endpoints["http"] + "/state", self.timeout)
+                if isinstance(doc, dict) and doc.get("leading", True) is not False:
+                    return doc
+            except CliError:
+                pass
+        self.leader, doc = master_state(self.url, self.timeout)
+        return doc
+
+
+class Reporter:
+    """Live progress: a spinner line on a terminal, a printed line per change otherwise."""
+
+    def __init__(self, console: Console, title: str) -> None:
+        self.console = console
+        self.last = ""
+        self.status = console.status(title) if console.is_terminal else None
+
+    def __enter__(self) -> Reporter:
+        if self.status is not None:
+            self.status.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.status is not None:
+            self.status.__exit__(None, None, None)
+
+    def show(self, text: str) -> None:
+        if text == self.last:
+            return
+        self.last = text
+        if self.status is not None:
+            self.status.update(text)
+        else:
+            self.console.print(text, highlight=False)
+
+
+def _stuck(args: argparse.Namespace, url: str, state: Doc, name: str) -> str:
+    """What `why` says about the service (best effort)."""
+    try:
+        fid = why.resolve_framework(name, state)
+        decisions = why.fetch_decisions(url, fid, args.timeout) if fid else []
+        spans = why.load_spans(args.run_dir / "traces")
+        statuses = why.load_statuses(args.run_dir / "frameworks")
+        return " ".join(why.explain(name, decisions, state, spans, statuses, time.time()))
+    except CliError as exc:
+        return f"(why: {exc})"
+
+
+def cmd_run(args: argparse.Namespace, console: Console) -> int:
+    from frameworks import service
+
+    run_dir = args.run_dir.resolve()
+    url = cluster_url(args.cluster, args.run_dir)
+    _, state = master_state(url, args.timeout)
+    used = name_in_use(args.name, state, service.spec_path(run_dir, args.name).exists())
+    if used:
+        console.print(f"[red]offerbus: {used}.[/] Change its size with `offerbus scale "
+                      f"{args.name} N`, or remove it with `offerbus stop {args.name}` "
+                      f"first.", highlight=False)
+        return EXIT_NAME_IN_USE
+    spec = service.ServiceSpec(
+        name=args.name, image=args.image, instances=args.instances, cpus=args.cpus,
+        mem=args.mem, command=args.cmd, constraints=args.constraint or [],
+        runtime="docker" if args.image else "process", role=args.role,
+        env=parse_env(args.env or []), ports=args.port or [],
+        health_cmd=args.health_cmd or "", health_http=args.health_http or "",
+        health_interval_s=args.health_interval, health_failures=args.health_failures)
+    try:
+        spec_path = service.write_spec(run_dir, spec)
+    except ValueError as exc:
+        raise CliError(str(exc)) from exc
+    proc_name = f"framework-{args.name}"
+    pid = cluster.spawn(run_dir, proc_name, [
+        "-m", "frameworks.service", "--cluster", url, "--spec", str(spec_path)])
+    console.print(f"framework {args.name} started (pid {pid}); spec {spec_path}")
+    if args.no_wait:
+        return 0
+    return wait_running(args, console, url, spec.instances, pid)
+
+
+def wait_running(args: argparse.Namespace, console: Console, url: str, want: int,
+                 pid: int) -> int:
+    name = args.name
+    log = args.run_dir / "logs" / f"framework-{name}.log"
+    now = time.monotonic()
+    progress = Progress(want, now, stall_s=args.stall, timeout_s=args.wait_timeout)
+    poll = StatePoller(url, args.timeout)
+    with Reporter(console, f"waiting for {want} instances of {name}") as shown:
+        while True:
+            if not cluster.alive(pid):
+                raise CliError(f"the {name} framework exited; see {log}")
+            state = poll()
+            counts = service_counts(state, name, want)
+            shown.show(f"{name}: {summary(counts)}")
+            verdict = progress.observe(counts, time.monotonic())
+            if verdict == "done":
+                console.print(f"[green]{name}: {want} instances RUNNING[/]")
+                return 0
+            if verdict in ("stalled", "timeout"):
+                when = (f"no progress for {args.stall:g}s" if verdict == "stalled" else
+                        f"not done within --timeout {args.wait_timeout:g}s")
+                stuck = _stuck(args, url, state, name)
+                raise CliError(f"{name}: {when} ({summary(counts)}). {stuck} See `offerbus "
+                               f"why {name}`, `offerbus tasks --all` and {log}")
+            time.sleep(POLL_S)  # polling the master's state; decisions above have deadlines
+
+
+def cmd_scale(args: argparse.Namespace, console: Console) -> int:
+    from frameworks import service
+
+    try:
+        spec = service.read_spec(args.run_dir.resolve(), args.name)
+        spec.instances = args.instances
+        service.write_spec(args.run_dir.resolve(), spec)
+    except ValueError as exc:
+        raise CliError(str(exc)) from exc
+    console.print(f"{args.name}: scaling to {args.instances} instances")
+    return 0
+
+
+def executors_of(state: Doc, fids: set[str]) -> set[str]:
+    """The executor ids the master's /state names for these frameworks' tasks."""
+    return {t.get("status", {}).get("executor_id", "") for t in state.get("tasks", [])
+            if t.get("framework_id") in fids} - {""}
+
+
+def _containers_of(fids: set[str], cluster_id: str, executors: set[str]) -> int | None:
+    """How many containers of these frameworks, of this cluster, are left (None: no Docker
+    engine). Framework ids alone may repeat across clusters: ownership is checked too."""
+    from services.executor.runtime import LABEL_FRAMEWORK
+
+    try:
+        import docker
+
+        client = docker.from_env(timeout=10)
+        try:
+            return sum(1 for fid in fids for c in client.api.containers(
+                all=True, filters={"label": f"{LABEL_FRAMEWORK}={fid}"})
+                if cluster.owned(dict(c.get("Labels") or {}), cluster_id, executors))
+        finally:
+            client.close()
+    except Exception:
+        return None
+
+
+def teardown(url: str, args: argparse.Namespace, fid: str, proc_pid: int | None,
+             console: Console) -> str:
+    """Ask the master to remove the framework; a master that does not know the call yet
+    gets the framework's own teardown instead (SIGUSR1 to its process in this run dir)."""
+    call = operator_pb2.OperatorCall()
+    call.teardown_framework.framework_id = fid
+    leader, _ = master_state(url, args.timeout)
+    try:
+        event = operator_call(leader, call, args.timeout)
+        return event.done.message or f"framework {fid} removed"
+    except CliError as exc:
+        if proc_pid is None:
+            raise
+        console.print(f"[yellow]the master did not remove {fid} ({exc}); asking the "
+                      f"framework to tear itself down[/]", highlight=False)
+        os.kill(proc_pid, signal.SIGUSR1)
+        return f"framework {fid} tearing itself down"
+
+
+def wait_until(check: Callable[[], str | None], timeout: float, shown: Reporter) -> None:
+    """Poll `check` (None: done; else what is left) until done or `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = check()
+        if left is None:
+            return
+        shown.show(left)
+        if time.monotonic() >= deadline:
+            raise CliError(f"not done within {timeout:g}s: {left}")
+        time.sleep(POLL_S)  # polling with a deadline
+
+
+def cmd_stop(args: argparse.Namespace, console: Console) -> int:
+    from frameworks import service
+
+    run_dir = args.run_dir.resolve()
+    name = args.name
+    url = cluster_url(args.cluster, args.run_dir)
+    _, state = master_state(url, args.timeout)
+    fids = set(frameworks_named(state, name))
+    spec = service.spec_path(run_dir, name)
+    proc = f"framework-{name}"
+    pid = cluster.running(run_dir).get(proc)
+    if not fids and not spec.exists() and pid is None:
+        raise CliError(f"no service {name!r}: no framework of that name is registered and "
+                       f"{spec} does not exist")
+    timeout = args.wait_timeout or 60.0
+    cluster_id = str(state.get("cluster_id") or cluster.known_cluster_id(run_dir))
+    executors = executors_of(state, fids) | cluster.executor_ids(run_dir)
+    with Reporter(console, f"stopping {name}") as shown:
+        for fid in sorted(fids):
+            shown.show(teardown(url, args, fid, pid, console))
+
+        poll = StatePoller(url, args.timeout)
+
+        def left() -> str | None:
+            now_state = poll()
+            still = fids & set(frameworks_named(now_state, name))
+            containers = _containers_of(fids, cluster_id, executors) or 0
+            if not still and not containers:
+                return None
+            return (f"{name}: {len(still)} framework(s) registered, {containers} "
+                    f"container(s) left")
+
+        wait_until(left, timeout, shown)
+        if pid is not None:
+            shown.show(f"{name}: stopping its framework process {pid}")
+            cluster.stop_process(run_dir, proc, timeout=10.0)
+    for path in (spec, spec.with_suffix(".status.json")):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+    console.print(f"[green]{name} stopped[/]: framework {', '.join(sorted(fids)) or '-'} "
+                  f"removed, its containers gone, spec {spec} removed", highlight=False)
+    return 0
+
+
+def add_parsers(sub: Any) -> None:
+    p = sub.add_parser(
+        "run", help="run N instances of a container as a service",
+        description="Start a service framework keeping N instances running. Refuses a name "
+        f"in use (exit code {EXIT_NAME_IN_USE}): use `offerbus scale NAME N` or `offerbus "
+        "stop NAME`. Waits, showing progress, while the instances keep getting placed and "
+        f"started; fails (exit 1) after --stall seconds without progress (default "
+        f"{DEFAULT_STALL_S:g}) or after --timeout seconds (default: no limit), saying what "
+        "is stuck.")
+    p.add_argument("--name", required=True)
+    p.add_argument("--image", default="", help="Docker image (empty: a plain process)")
+    p.add_argument("--instances", type=int, default=1)
+    p.add_argument("--cpus", type=float, default=0.1)
+    p.add_argument("--mem", type=float, default=32)
+    p.add_argument("--role", default="*", help="the framework's role (default *)")
+    p.add_argument("--env", action="append", metavar="K=V", help="container environment")
+    p.add_argument("--port", action="append", type=int, metavar="N",
+                   help="publish container port N on a host port from the offer's ports "
+                        "(env PORT0.. and PORT_<N> name the host port)")
+    p.add_argument("--health-cmd", help="a shell command: healthy when it exits 0")
+    p.add_argument("--health-http", metavar="PATH",
+                   help="an HTTP path checked on the first published port")
+    p.add_argument("--health-interval", type=float, default=10.0, help="seconds")
+    p.add_argument("--health-failures", type=int, default=3,
+                   help="consecutive failures before the task is killed and replaced")
+    p.add_argument("--constraint", action="append",
+                   help='placement: "hostname:unique" or "rack:a" (attribute match)')
+    p.add_argument("--no-wait", action="store_true")
+    p.add_argument("--stall", type=float, default=DEFAULT_STALL_S,
+                   help="fail after this many seconds without progress")
+    p.add_argument("--timeout", dest="wait_timeout", type=float, default=None,
+                   help="fail if not all running after this many seconds (default: none)")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- command and args")
+    p = sub.add_parser("scale", help="change a service's number of instances")
+    p.add_argument("name")
+    p.add_argument("instances", type=int)
+    p = sub.add_parser("stop", help="remove a service: its framework, tasks and containers")
+    p.add_argument("name")
+    p.add_argument("--timeout", dest="wait_timeout", type=float, default=60.0,
+                   help="seconds to wait for the framework and its containers to go")

@@ -1,0 +1,153 @@
+"""`offerbus run / stop / scale` decisions without a cluster: a name in use is refused (exit
+2, pointing at scale and stop), progress is told from a stall (a slow 50-instance start is
+not a failure; a crash loop is), and the counts shown while waiting."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from frameworks import service
+from services.cli import lifecycle
+from services.cli import main as cli_main
+
+
+def state(frameworks: dict[str, str] | None = None,
+          tasks: list[tuple[str, str, str]] = ()) -> dict[str, Any]:  # type: ignore[assignment]
+    """A master /state: frameworks {id: name}, tasks [(framework id, task id, state)]."""
+    return {"agents": [], "roles": [],
+            "frameworks": [{"framework_info": {"framework_id": fid, "name": name},
+                            "connected": True} for fid, name in (frameworks or {}).items()],
+            "tasks": [{"framework_id": fid, "task_info": {"task_id": tid},
+                       "status": {"state": st}} for fid, tid, st in tasks]}
+
+
+@pytest.fixture
+def cli(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
+    """Runs `offerbus ...` in-process against a given /state; records spawned processes."""
+    spawned: list[list[str]] = []
+    console = Console(width=200, record=True)
+    monkeypatch.setattr(cli_main, "console", console)
+
+    def run(doc: dict[str, Any] | list[dict[str, Any]], *argv: str) -> tuple[int, str]:
+        """`doc`: the /state every call returns, or a list of them in turn (last repeated)."""
+        docs = list(doc) if isinstance(doc, list) else [doc]
+        monkeypatch.setattr(lifecycle, "master_state",
+                            lambda url, t: (None, docs.pop(0) if len(docs) > 1 else docs[0]))
+        monkeypatch.setattr(lifecycle.cluster, "spawn",
+                            lambda run_dir, name, argv, env=None: spawned.append(argv) or 4242)
+        code = cli_main.main(["--run-dir", str(tmp_path), "--cluster", "file:///x", *argv])
+        return code, console.export_text()
+
+    run.spawned = spawned  # type: ignore[attr-defined]
+    return run
+
+
+RUN_WEB = ("run", "--name", "web", "--image", "offerbus/busybox:latest", "--no-wait", "--",
+           "sleep", "60")
+
+
+def test_run_refuses_a_name_registered_with_the_master(cli: Any) -> None:
+    code, out = cli(state({"fw-1": "web"}), *RUN_WEB)
+    assert code == lifecycle.EXIT_NAME_IN_USE == 2
+    assert "framework named 'web' is registered" in out and "fw-1" in out
+    assert "offerbus scale web N" in out and "offerbus stop web" in out
+    assert cli.spawned == []
+
+
+def test_run_refuses_a_name_of_this_run_dir(cli: Any, tmp_path: Path) -> None:
+    service.write_spec(tmp_path, service.ServiceSpec("web", "img", 1, 0.1, 32))
+    code, out = cli(state(), *RUN_WEB)
+    assert code == 2 and "service named 'web' exists in this run dir" in out
+    assert cli.spawned == []
+
+
+def test_run_with_a_free_name_starts_one_framework_with_its_spec(cli: Any,
+                                                                 tmp_path: Path) -> None:
+    code, _ = cli(state({"fw-1": "db"}), "run", "--name", "web", "--image", "img", "--role",
+                  "blue", "--env", "A=1", "--env", "B=x=y", "--port", "80", "--health-http",
+                  "/ok", "--health-failures", "5", "--no-wait", "--", "sleep", "60")
+    assert code == 0 and len(cli.spawned) == 1
+    spec = service.read_spec(tmp_path, "web")
+    assert (spec.role, spec.env, spec.ports) == ("blue", {"A": "1", "B": "x=y"}, [80])
+    assert (spec.health_http, spec.health_failures, spec.command) == ("/ok", 5, ["sleep", "60"])
+
+
+def test_bad_arguments_are_clear_errors(cli: Any) -> None:
+    code, out = cli(state(), "run", "--name", "web", "--env", "NOEQUALS", "--no-wait")
+    assert code == 1 and "bad --env 'NOEQUALS'" in out
+    code, out = cli(state(), "run", "--name", "web", "--health-http", "/", "--no-wait")
+    assert code == 1 and "--port" in out
+    code, out = cli(state(), "scale", "nothing", "3")
+    assert code == 1 and "no service 'nothing'" in out
+
+
+def test_counts_shown_while_waiting() -> None:
+    doc = state({"fw-1": "web", "fw-2": "db"},
+                [("fw-1", f"web-{i}-1", "TASK_RUNNING") for i in range(12)]
+                + [("fw-1", f"web-{i}-1", "TASK_STAGING") for i in range(12, 42)]
+                + [("fw-1", "web-0-0", "TASK_FAILED"), ("fw-2", "db-0-1", "TASK_RUNNING")])
+    counts = lifecycle.service_counts(doc, "web", 50)
+    assert lifecycle.summary(counts) == "12 running, 30 staging, 8 pending, 1 ended"
+
+
+def test_a_slow_start_that_keeps_progressing_is_not_a_failure() -> None:
+    """50 containers taking 11 s (the old fixed 10 s deadline failed this)."""
+    progress = lifecycle.Progress(50, 0.0)
+    t = 0.0
+    for running in range(0, 50, 5):  # 5 more running every 1.1 s
+        t += 1.1
+        assert progress.observe(Counter(RUNNING=running, STAGING=50 - running), t) == "waiting"
+    assert progress.observe(Counter(RUNNING=50), 11.5) == "done"
+
+
+def test_no_progress_for_the_stall_window_fails_and_a_crash_loop_is_no_progress() -> None:
+    progress = lifecycle.Progress(3, 0.0, stall_s=60.0)
+    assert progress.observe(Counter(RUNNING=1, STAGING=2), 1.0) == "waiting"
+    # Instances keep failing and being relaunched: the counts move, the best does not.
+    for i in range(2, 61):
+        loop = Counter(RUNNING=1, STAGING=2) if i % 2 else Counter(RUNNING=1, pending=2)
+        verdict = progress.observe(loop, float(i))
+        assert verdict == ("stalled" if i >= 61 else "waiting"), i
+    assert progress.observe(Counter(RUNNING=1, pending=2), 61.0) == "stalled"
+
+
+def test_timeout_bounds_the_wait_even_with_progress() -> None:
+    progress = lifecycle.Progress(100, 0.0, timeout_s=5.0)
+    assert progress.observe(Counter(RUNNING=1), 1.0) == "waiting"
+    assert progress.observe(Counter(RUNNING=2), 5.0) == "timeout"
+
+
+def test_name_in_use_decision() -> None:
+    assert lifecycle.name_in_use("web", state({"f": "db"}), False) is None
+    assert "registered" in (lifecycle.name_in_use("web", state({"f": "web"}), False) or "")
+    assert "run dir" in (lifecycle.name_in_use("web", state(), True) or "")
+
+
+def test_a_stalled_run_fails_saying_what_is_stuck(cli: Any, monkeypatch: pytest.MonkeyPatch,
+                                                  tmp_path: Path) -> None:
+    from services.cli import why
+
+    def no_allocator(*a: Any, **kw: Any) -> Any:
+        raise lifecycle.CliError("no leading allocator")
+
+    monkeypatch.setattr(why, "find_leader", no_allocator)
+    monkeypatch.setattr(lifecycle.cluster, "alive", lambda pid: True)
+    stuck = state({"fw-1": "web"}, [("fw-1", "web-0-1", "TASK_STAGING")])
+    code, out = cli([state(), stuck], "run", "--name", "web", "--image", "img", "--instances", "2",
+                    "--stall", "0.2", "--", "sleep", "60")
+    assert code == 1
+    assert "web: no progress for 0.2s (1 staging, 1 pending)" in out
+    assert "Framework web (fw-1) (role *) is connected and has 1 live task(s)" in out
+    assert "offerbus why web" in out and "framework-web.log" in out
+
+
+def test_a_run_whose_framework_exits_fails_at_once(cli: Any, monkeypatch: pytest.MonkeyPatch,
+                                                   tmp_path: Path) -> None:
+    monkeypatch.setattr(lifecycle.cluster, "alive", lambda pid: False)
+    code, out = cli(state(), "run", "--name", "web", "--image", "img", "--", "sleep", "60")
+    assert code == 1 and "the web framework exited; see" in out

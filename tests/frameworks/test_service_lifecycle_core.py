@@ -1,0 +1,149 @@
+"""The service framework's decisions without a cluster: host ports taken from offers (never
+one port twice), the task's port mappings, environment and health check, its own kill of an
+instance that keeps reporting unhealthy, replacement of instances the executor killed, and
+the master's final Error ending the framework."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from frameworks.service import Instance, ServiceScheduler, ServiceSpec, plan, task_info
+from schemas import common_pb2
+from services.resources import Resources
+
+TS = common_pb2.TaskStatus
+
+
+def offer(oid: str, host: str, ports: list[tuple[int, int]], cpus: float = 4,
+          mem: float = 1024) -> common_pb2.Offer:
+    o = common_pb2.Offer(offer_id=oid, agent_id=f"S-{host}", hostname=host)
+    o.resources.extend(Resources.of(cpus=cpus, mem=mem, ports=ports).to_proto())
+    return o
+
+
+def spec(**kw: Any) -> ServiceSpec:
+    base: dict[str, Any] = {"name": "web", "image": "offerbus/busybox", "instances": 3,
+                            "cpus": 0.1, "mem": 32.0, "ports": [8080, 9090]}
+    base.update(kw)
+    return ServiceSpec(**base)
+
+
+def test_host_ports_come_from_the_offer_and_are_never_given_twice() -> None:
+    p = plan(spec(), {}, [offer("o1", "h1", [(31000, 31002), (31010, 31010)])])
+    assert p.launches == {"o1": [0, 1]}  # 4 free ports: two instances of two ports each
+    assert p.ports == {0: [31000, 31001], 1: [31002, 31010]}
+    assert "1 instance(s) not placed" in p.why and "free port(s)" in p.why
+    used = [port for ports in p.ports.values() for port in ports]
+    assert len(used) == len(set(used))
+
+
+def test_task_publishes_its_ports_and_names_them_in_its_environment() -> None:
+    s = spec(env={"MODE": "blue"})
+    task = task_info(s, Instance(0, attempts=1), offer("o1", "h1", [(31000, 31999)]),
+                     [31005, 31006])
+    res = Resources.from_proto(task.resources)
+    assert res.same(Resources.of(cpus=0.1, mem=32, ports=[(31005, 31006)]))
+    assert [(m.host_port, m.container_port) for m in task.container.docker.port_mappings] == \
+        [(31005, 8080), (31006, 9090)]
+    assert dict(task.command.env) == {"MODE": "blue", "PORT0": "31005", "PORT1": "31006",
+                                      "PORT_8080": "31005", "PORT_9090": "31006"}
+    with pytest.raises(ValueError, match="host port"):
+        task_info(s, Instance(1, attempts=1), offer("o1", "h1", [(31000, 31999)]), [31000])
+
+
+def test_health_checks_on_the_task() -> None:
+    s = spec(ports=[8080], health_http="ready", health_interval_s=2.0, health_failures=4)
+    task = task_info(s, Instance(0, attempts=1), offer("o1", "h1", [(31000, 31999)]), [31042])
+    hc = task.health_check
+    assert hc.WhichOneof("check") == "http" and hc.http.port == 31042
+    assert hc.http.path == "/ready" and hc.interval_s == 2.0 and hc.consecutive_failures == 4
+    s = spec(ports=[], health_cmd="test -f /tmp/ok", health_failures=2)
+    hc = task_info(s, Instance(0, attempts=1), offer("o1", "h1", [])).health_check
+    assert hc.command.command.shell and hc.command.command.value == "test -f /tmp/ok"
+    assert hc.consecutive_failures == 2
+    assert not task_info(spec(ports=[]), Instance(0), offer("o1", "h1", [])).HasField(
+        "health_check")
+    with pytest.raises(ValueError, match="--port"):
+        spec(ports=[], health_http="/").check()
+
+
+@dataclass
+class FakeDriver:
+    """Records the driver calls a scheduler makes (a pure-core test: no sockets)."""
+
+    calls: list[tuple[Any, ...]] = field(default_factory=list)
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *a, **kw: self.calls.append((name, *a))
+
+
+def running(sched: ServiceScheduler, driver: Any, n: int) -> None:
+    sched.offers(driver, [offer("o1", "h1", [(31000, 31999)])])
+    for inst in sched.instances.values():
+        sched.update(driver, TS(task_id=inst.task_id, agent_id=inst.agent_id,
+                                state=common_pb2.TASK_RUNNING))
+    assert len(sched.instances) == n
+
+
+def test_an_instance_reporting_unhealthy_n_times_is_killed_and_replaced() -> None:
+    driver = FakeDriver()
+    sched = ServiceScheduler(spec(instances=2, ports=[8080], health_cmd="false",
+                                  health_failures=3))
+    running(sched, driver, 2)
+    inst = sched.instances[0]
+
+    def health(ok: bool) -> None:
+        sched.update(driver, TS(task_id=inst.task_id, agent_id=inst.agent_id,
+                                state=common_pb2.TASK_RUNNING, healthy=ok,
+                                reason=TS.REASON_TASK_HEALTH_CHECK_STATUS_UPDATED))
+
+    for ok in (False, False, True, False, False):  # a healthy report resets the count
+        health(ok)
+    assert not [c for c in driver.calls if c[0] == "kill"]
+    health(False)
+    assert [c for c in driver.calls if c[0] == "kill"] == [("kill", "web-0-1", "S-h1")]
+    health(False)  # already being killed: not killed again
+    assert len([c for c in driver.calls if c[0] == "kill"]) == 1
+    # The executor ends it (REASON_HEALTH_CHECK_FAILED): a new attempt on the next offer.
+    sched.update(driver, TS(task_id="web-0-1", agent_id="S-h1", state=common_pb2.TASK_KILLED,
+                            reason=TS.REASON_HEALTH_CHECK_FAILED))
+    sched.offers(driver, [offer("o2", "h1", [(31100, 31199)])])
+    assert sched.instances[0].task_id == "web-0-2" and sched.instances[0].unhealthy == 0
+    assert sched.restarts == 1 and sched.health_kills == 1
+
+
+def test_the_masters_error_ends_the_framework() -> None:
+    sched = ServiceScheduler(spec())
+    assert not sched.finished.is_set()
+    sched.error(FakeDriver(), "framework fw-1 removed by the operator")
+    assert sched.finished.is_set() and "removed" in sched.removed
+
+
+@settings(max_examples=150, deadline=None)
+@given(ranges=st.lists(st.tuples(st.integers(31000, 31100), st.integers(0, 6)), min_size=1,
+                       max_size=4),
+       offers_n=st.integers(1, 3), n_ports=st.integers(0, 3), instances=st.integers(0, 12))
+def test_placed_ports_lie_in_the_offer_and_are_never_shared(
+        ranges: list[tuple[int, int]], offers_n: int, n_ports: int, instances: int) -> None:
+    port_ranges = [(lo, lo + width) for lo, width in ranges]
+    offers = [offer(f"o{i}", f"h{i}", port_ranges) for i in range(offers_n)]
+    s = spec(instances=instances, ports=list(range(8000, 8000 + n_ports)))
+    p = plan(s, {}, offers)
+    free = Resources.of(ports=port_ranges)
+    by_offer: dict[str, list[int]] = {}
+    for offer_id, indexes in p.launches.items():
+        for index in indexes:
+            ports = p.ports.get(index, [])
+            assert len(ports) == n_ports
+            assert free.contains(Resources.of(ports=[(x, x) for x in ports]))
+            by_offer.setdefault(offer_id, []).extend(ports)
+            task_info(s, Instance(index, attempts=1), offers[0], ports)  # a valid task
+    for ports in by_offer.values():
+        assert len(ports) == len(set(ports))
+    placed = sum(len(v) for v in p.launches.values())
+    assert placed == instances or p.why
