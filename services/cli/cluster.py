@@ -97,9 +97,12 @@ def spawn(run_dir: Path, name: str, argv: list[str], env: dict[str, str] | None 
 
 
 def _start_zookeeper(run_dir: Path) -> str:
+    """This cluster's own ZooKeeper, on a free port (another cluster's may hold 2181)."""
+    from infra.zookeeper import free_ports
+
     zk_dir = run_dir / "zk"
-    subprocess.run([sys.executable, "-m", "infra.zookeeper", "start", "--dir", str(zk_dir)],
-                   check=True, stdout=subprocess.DEVNULL)
+    subprocess.run([sys.executable, "-m", "infra.zookeeper", "start", "--dir", str(zk_dir),
+                    "--port", str(free_ports(1)[0])], check=True, stdout=subprocess.DEVNULL)
     hosts = (zk_dir / "hosts").read_text().strip()
     from kazoo.client import KazooClient
 

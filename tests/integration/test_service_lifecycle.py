@@ -2,10 +2,8 @@
 election, master, allocator, offer-broker and an agent as separate processes, Docker
 containers), through `python -m services.cli`: `run` twice with one name is refused, `stop`
 removes the service and its containers, a 50-instance `run` returns 0 with progress shown,
-and two clusters side by side: `down` of one leaves the other's processes and containers.
-
-Parts that need the master's top-level "cluster_id" in /state (the lead's change on main)
-skip with a message saying so until it is there."""
+and clusters side by side (each with its own ZooKeeper, or sharing one): `down` of one
+leaves the other's processes and containers."""
 
 from __future__ import annotations
 
@@ -82,8 +80,9 @@ def cluster_a(zk: ZooKeeperServer, zk_admin: Any, tmp_path_factory: pytest.TempP
 @pytest.fixture(scope="module")
 def cluster_b(tmp_path_factory: pytest.TempPathFactory, docker_client: Any,
               busybox_image: str) -> Iterator[Cluster]:
+    """A cluster as `offerbus up` makes one: its own ZooKeeper in its run dir."""
     run_dir = tmp_path_factory.mktemp("cluster-b")
-    url = local_cluster.up(local_cluster.UpOptions(run_dir=run_dir, agents=1, standalone=True,
+    url = local_cluster.up(local_cluster.UpOptions(run_dir=run_dir, agents=1,
                                                    agent_resources=AGENT_RESOURCES,
                                                    offer_timeout=10.0, timeout=60))
     try:
@@ -131,6 +130,22 @@ def test_fifty_instances_return_0_with_progress_shown(cluster_a: Cluster,
     assert containers(docker_client, MANY) == []
 
 
+def test_a_second_cluster_with_its_own_zookeeper_starts_beside_another(
+        cluster_b: Cluster, tmp_path: Path) -> None:
+    """`offerbus up --run-dir C` while B (its own ZooKeeper too) is up: C gets its own
+    ZooKeeper on another port, its own cluster id, and its `down` leaves B serving (runs
+    before the test that takes B down)."""
+    url = local_cluster.up(local_cluster.UpOptions(run_dir=tmp_path, agents=1,
+                                                   agent_resources=AGENT_RESOURCES, timeout=60))
+    try:
+        c = Cluster(url, tmp_path)
+        assert url.split("/")[2] != cluster_b.url.split("/")[2], "one ZooKeeper for both"
+        assert c.state()["cluster_id"] != cluster_b.state()["cluster_id"]
+    finally:
+        local_cluster.down(tmp_path)
+    assert [a["status"] for a in cluster_b.state()["agents"]] == ["AGENT_STATUS_REGISTERED"]
+
+
 def test_down_of_one_cluster_leaves_the_other_running(cluster_a: Cluster, cluster_b: Cluster,
                                                       docker_client: Any) -> None:
     ok(cluster_a, "run", "--name", ALPHA, "--image", IMAGE, *SMALL, "--", "sleep", "3600")
@@ -140,7 +155,7 @@ def test_down_of_one_cluster_leaves_the_other_running(cluster_a: Cluster, cluste
     a_pids = pids(cluster_a.run_dir)
     # A container of B's left behind by its executor, and one of a cluster nobody here owns
     # (the other engineers' and the demo cluster's share this engine): only B's may go.
-    b_id = cluster_b.state().get("cluster_id") or "none"
+    b_id = cluster_b.state()["cluster_id"]
     strays = {owner: docker_client.api.create_container(
         IMAGE, ["sleep", "3600"], labels={LABEL_TASK: f"stray{TAG}-{owner}",
                                           LABEL_CLUSTER: cid})["Id"]
@@ -152,10 +167,7 @@ def test_down_of_one_cluster_leaves_the_other_running(cluster_a: Cluster, cluste
     left = {c["Id"] for c in docker_client.api.containers(all=True, filters={"label": LABEL_TASK})}
     docker_client.api.remove_container(strays["other"], force=True)
     assert strays["other"] in left
-    if b_id != "none":
-        assert strays["b"] not in left, "down left its own cluster's container"
-    else:
-        docker_client.api.remove_container(strays["b"], force=True)
+    assert strays["b"] not in left, "down left its own cluster's container"
     assert containers(docker_client, BETA) == []
     [still] = containers(docker_client, ALPHA)
     assert still["Id"] == alpha["Id"] and still["State"] == "running"
@@ -167,18 +179,11 @@ def test_down_of_one_cluster_leaves_the_other_running(cluster_a: Cluster, cluste
 
 def test_up_records_the_cluster_id_and_containers_carry_it(cluster_a: Cluster,
                                                            docker_client: Any) -> None:
-    """Waiting for the merge: the master's /state "cluster_id" and the agent's
-    LABEL_CLUSTER on containers."""
-    cid = cluster_a.state().get("cluster_id")
-    if not cid:
-        pytest.skip("waiting for the merge: the master's /state has no cluster_id yet")
-    assert (cluster_a.run_dir / "cluster.id").read_text().strip() == cid
+    cid = cluster_a.state()["cluster_id"]
+    assert cid and (cluster_a.run_dir / "cluster.id").read_text().strip() == cid
     ok(cluster_a, "run", "--name", LABELLED, "--image", IMAGE, *SMALL, "--", "sleep", "3600")
     try:
         [c] = containers(docker_client, LABELLED)
-        if LABEL_CLUSTER not in c["Labels"]:
-            pytest.skip("waiting for the merge: the agent does not label containers with "
-                        "the cluster id yet")
         assert c["Labels"][LABEL_CLUSTER] == cid
     finally:
         ok(cluster_a, "stop", LABELLED)
