@@ -71,6 +71,7 @@ class FetchLogs:
 
     request: agent_pb2.AgentEvent.LogsRequest
     executor_id: str | None  # None: the task is unknown here
+    max_bytes: int  # what the reply may carry: the request's, capped (core.MAX_LOG_BYTES)
 
 
 @dataclass(frozen=True)

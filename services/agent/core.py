@@ -36,6 +36,7 @@ from services.agent.executors import (
     STOP_RETRY_MAX_S,
     Executor,
 )
+from services.bus.codec import DEFAULT_FRAME_LIMIT
 from services.bus.liveness import Backoff
 from services.executor.runtime import (
     LABEL_AGENT,
@@ -49,6 +50,10 @@ from services.notice import Notice
 TaskState = common_pb2.TaskState
 TaskStatus = common_pb2.TaskStatus
 AgentState = agent_pb2.AgentCall.Reregister
+# A log reply travels agent -> master -> CLI in one frame: never ask for more than half the
+# frame limit (the rest is room for the envelope and the master's relay).
+DEFAULT_LOG_BYTES = 1 << 20
+MAX_LOG_BYTES = DEFAULT_FRAME_LIMIT // 2
 
 class Registration(enum.Enum):
     DISCONNECTED = "disconnected"  # no master known
@@ -205,7 +210,8 @@ class AgentCore:
             if ex_id is None and not req.framework_id:  # operators may omit the framework
                 ex_id = next((e.executor_id for e in self.executors.values()
                               if e.task_id == req.task_id), None)
-            return [FetchLogs(req, ex_id)]
+            wanted = req.max_bytes or DEFAULT_LOG_BYTES
+            return [FetchLogs(req, ex_id, min(wanted, MAX_LOG_BYTES))]
         return []
 
     def _registered(self, agent_id: str, epoch: int, cluster_id: str,

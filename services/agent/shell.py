@@ -320,7 +320,7 @@ class AgentShell(ServiceKit):
         call.agent_call.agent_id = self.core.agent_id
         reply.request_id, reply.task_id, reply.stream = req.request_id, req.task_id, req.stream
         stream: Stream = "stderr" if req.stream == 2 else "stdout"
-        limit = req.max_bytes or 1 << 20
+        limit = cmd.max_bytes  # capped by the core below the frame limit
         try:
             handles = (self.runtime.find({LABEL_EXECUTOR: cmd.executor_id})
                        if cmd.executor_id else [])

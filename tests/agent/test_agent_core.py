@@ -234,3 +234,25 @@ def test_executor_that_never_comes_back_after_restart_fails_its_task() -> None:
     assert isinstance(stop, StopContainers) and again.executors[ex_id].state == S.TASK_STAGING
     durable(again, again.containers_stopped(ex_id, [], "", 21.5), 21.5)
     assert again.executors[ex_id].state == S.TASK_FAILED
+
+
+def test_a_log_request_is_capped_below_the_frame_limit() -> None:
+    """One GetLogs with a huge max_bytes (or none) never asks for a reply larger than a
+    frame can carry: the agent would fail to send it (issue 10, defect 3)."""
+    from services.agent.commands import FetchLogs
+    from services.agent.core import MAX_LOG_BYTES
+    from services.bus.codec import DEFAULT_FRAME_LIMIT
+
+    core = AgentCore(info(), now=0.0)
+    registered(core)
+    run_task(core, "t1")
+    asked = {}
+    for wanted in (0, 100, 0xFFFFFFFF):  # 0: the default; the largest a uint32 holds
+        ev = agent_pb2.AgentEvent()
+        ev.logs_request.request_id, ev.logs_request.task_id = f"r{wanted}", "t1"
+        ev.logs_request.framework_id, ev.logs_request.max_bytes = FW, wanted
+        [fetch] = [c for c in core.master_event(ev, 1.0) if isinstance(c, FetchLogs)]
+        asked[wanted] = fetch.max_bytes
+    assert asked[100] == 100
+    assert 0 < asked[0] <= MAX_LOG_BYTES and asked[0xFFFFFFFF] == MAX_LOG_BYTES
+    assert MAX_LOG_BYTES <= DEFAULT_FRAME_LIMIT // 2  # room for the envelope and the relay
