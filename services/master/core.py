@@ -106,7 +106,8 @@ class MasterCore(AgentHandlers, FrameworkHandlers):
                 principal=str(entry.get("principal", "")),
                 failover_timeout_s=timeout if timeout >= 0 else 0.0)
             self.frameworks[fid] = Framework(
-                fid, info, registered_at=_num(entry.get("registered_at_us")) / 1e6)
+                fid, info, registered_at=_num(entry.get("registered_at_us")) / 1e6,
+                recovered=True)
         for role, entry in _section(doc, "roles").items():
             weight = _num(entry.get("weight"))
             if weight > 0:
@@ -197,7 +198,7 @@ class MasterCore(AgentHandlers, FrameworkHandlers):
         self._begin(now)
         out: list[Command] = []
         for fw in sorted(self.frameworks.values(), key=lambda f: f.framework_id):
-            if not fw.connected and now >= fw.disconnected_at + fw.info.failover_timeout_s:
+            if not fw.connected and now >= self.failover_deadline(fw):
                 out += self._remove_framework(fw, "failover timeout passed")
         assert self.started_at is not None
         if self.recovering and now >= self.started_at + self.agent_reregister_window_s:
@@ -218,8 +219,8 @@ class MasterCore(AgentHandlers, FrameworkHandlers):
 
     def next_deadline(self) -> float | None:
         """When `tick` has something to do next (None: nothing pending)."""
-        times = [fw.disconnected_at + fw.info.failover_timeout_s
-                 for fw in self.frameworks.values() if not fw.connected]
+        times = [self.failover_deadline(fw) for fw in self.frameworks.values()
+                 if not fw.connected]
         if self.recovering and self.started_at is not None:
             times.append(self.started_at + self.agent_reregister_window_s)
         times += [r.created_at + LOGS_TIMEOUT_S for r in self.log_requests.values()]

@@ -116,6 +116,7 @@ class FrameworkHandlers(MasterState):
             fw.info = info
         self._bind_framework(fw, peer)
         fw.disconnected_at = 0.0
+        fw.recovered = False
         fw.suppressed_roles = set(sub.suppressed_roles)
         self._touch("framework", fid)
         out.append(ToFramework(peer, fid, Event(subscribed=Event.Subscribed(

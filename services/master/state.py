@@ -102,6 +102,9 @@ class Framework:
     registered_at: float
     peer: bytes | None = None
     disconnected_at: float = 0.0
+    # Known from the registry after a master failover and not re-subscribed since: it gets
+    # at least the re-register window, whatever its failover timeout (see failover_deadline).
+    recovered: bool = False
     suppressed_roles: set[str] = field(default_factory=set)
     # Offers relayed to it and not yet used, declined or rescinded: id -> (agent, resources).
     offers: dict[str, tuple[str, Resources]] = field(default_factory=dict)
@@ -244,6 +247,15 @@ class MasterState:
     def _notice(self, kind: str, message: str, **facts: str | int | float | bool) -> None:
         """Input ignored or corrected: a Notice (logged, counted) at the end of this call."""
         self._notices.append(Notice.of(kind, message, "warning", **facts))
+
+    def failover_deadline(self, fw: Framework) -> float:
+        """When a disconnected framework is removed: its failover timeout after it went
+        silent; but a master failure never removes a framework, so one recovered from the
+        registry has at least the re-register window from this leader's start."""
+        deadline = fw.disconnected_at + fw.info.failover_timeout_s
+        if fw.recovered and self.started_at is not None:
+            deadline = max(deadline, self.started_at + self.agent_reregister_window_s)
+        return deadline
 
     def _touch(self, *key: str) -> None:
         self._dirty[key] = None

@@ -517,6 +517,33 @@ def test_reregistration_after_master_failover_rebuilds_the_same_tasks() -> None:
     new.validate()
 
 
+def test_a_master_failover_never_removes_a_framework_with_failover_timeout_0() -> None:
+    """failover_timeout 0 (the protocol default) means "remove me when *I* disconnect", not
+    "when the master dies": after a failover the framework has the re-register window to
+    come back, like the agents (issue 10, defect 7)."""
+    old, aid, fid = cluster(failover=0.0)
+    running(old, aid, fid, "t1")
+    new = MasterCore("m2", 8, recovered_registry=old.registry_document(),
+                     agent_reregister_window_s=60, now=T0 + 100)
+    reregister(new, b"a1", aid, [reported(fid, "t1", TS.TASK_RUNNING)],
+               frameworks=[old.frameworks[fid].info], now=T0 + 100.5)
+    cmds = new.tick(T0 + 101)
+    assert fid in new.frameworks and not agent_events(cmds, "shutdown_framework"), cmds
+    assert new.next_deadline() == T0 + 160  # the window, not "now"
+    assert subscribed(new, b"f1-new", framework_id=fid, now=T0 + 130) == fid
+    assert new.tasks[(fid, "t1")].state == TS.TASK_RUNNING
+    new.validate()
+    # Not back within the window: removed then, as its timeout of 0 asks.
+    lost = MasterCore("m3", 9, recovered_registry=old.registry_document(),
+                      agent_reregister_window_s=60, now=T0 + 200)
+    assert fid in lost.frameworks
+    lost.tick(T0 + 259)
+    assert fid in lost.frameworks
+    lost.tick(T0 + 260)
+    assert fid not in lost.frameworks
+    lost.validate()
+
+
 def test_agents_not_back_within_the_window_become_unreachable() -> None:
     old, aid, _fid = cluster()
     new = MasterCore("m2", 8, recovered_registry=old.registry_document(),
