@@ -120,6 +120,17 @@ class _Endpoint:
     def _send_raw(self, peer: bytes, env: codec.Envelope) -> bool:
         raise NotImplementedError
 
+    def _encode(self, env: codec.Envelope) -> bytes | None:
+        """The frame, or None (counted, logged) when it is over the frame limit: a message
+        too large to send is refused here, never raised into the caller."""
+        try:
+            return codec.encode(env, self.frame_limit)
+        except codec.FrameTooLarge as exc:
+            self.stats.inc("frames_unsent{reason=too_large}")
+            log.warning("message too large to send", socket=self.name,
+                        kind=codec.payload_kind(env), error=str(exc))
+            return None
+
 
 class RouterServer(_Endpoint):
     """A bound ROUTER: delivers (peer, envelope) to `on_message`, beats every known peer
@@ -153,7 +164,9 @@ class RouterServer(_Endpoint):
 
     def _send_raw(self, peer: bytes, env: codec.Envelope) -> bool:
         self.sender.stamp(env)
-        frame = codec.encode(env, self.frame_limit)
+        frame = self._encode(env)
+        if frame is None:
+            return False
         try:
             self.sock.send_multipart([peer, frame], flags=zmq.NOBLOCK, copy=False)
         except zmq.Again:
@@ -258,7 +271,9 @@ class DealerClient(_Endpoint):
         if self.sock is None:
             return False
         self.sender.stamp(env)
-        frame = codec.encode(env, self.frame_limit)
+        frame = self._encode(env)
+        if frame is None:
+            return False
         try:
             self.sock.send(frame, flags=zmq.NOBLOCK, copy=False)
         except zmq.Again:

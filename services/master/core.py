@@ -24,6 +24,7 @@ from schemas import (
     state_pb2,
 )
 from services import tasks
+from services.bus.codec import DEFAULT_FRAME_LIMIT
 from services.master.agents import AgentHandlers
 from services.master.commands import Command, Reject, ToAgent, ToFramework, ToOperator
 from services.master.frameworks import Event, FrameworkHandlers
@@ -45,6 +46,9 @@ from services.master.state import (
 from services.resources import UNRESERVED, Resources
 
 RejectReason = common_pb2.RejectReason
+# A framework's call relayed to the broker travels wrapped (InternalMessage, the broker's
+# envelope): refuse at the front what would not fit a frame once wrapped.
+MAX_RELAY_BYTES = DEFAULT_FRAME_LIMIT - 64 * 1024
 Internal = internal_pb2.InternalMessage
 _STATUS_OF = {"registered": REGISTERED, "unreachable": UNREACHABLE, "gone": GONE}
 
@@ -72,7 +76,8 @@ class MasterCore(AgentHandlers, FrameworkHandlers):
         registry's is kept otherwise. `id_prefix`: unique to this leadership (see state.py)."""
         super().__init__(master_id, epoch, agent_reregister_window_s=agent_reregister_window_s,
                          heartbeat_interval_ms=heartbeat_interval_ms,
-                         max_completed_tasks=max_completed_tasks, cluster_id=cluster_id,
+                         max_completed_tasks=max_completed_tasks,
+                         max_relay_bytes=MAX_RELAY_BYTES, cluster_id=cluster_id,
                          id_prefix=id_prefix)
         self._offer_prefix: str | None = None
         kept = str((recovered_registry or {}).get("cluster_id") or "")

@@ -41,11 +41,15 @@ class FrameworkHandlers(MasterState):
         if kind == "teardown":
             return self._remove_framework(fw, "torn down by its scheduler")
         if kind in ("accept", "decline"):
-            self._offers_done(fw, call.accept.offer_ids if kind == "accept"
-                              else call.decline.offer_ids)
             msg = internal_pb2.InternalMessage(framework_call=internal_pb2.InternalMessage
                                                .FrameworkCall(framework_id=fw.framework_id,
                                                               call=call))
+            if msg.ByteSize() > self.max_relay_bytes:  # its offers stay outstanding
+                return [Reject(peer, bus_pb2.FRAME_TOO_LARGE, f"{kind} of {msg.ByteSize()} "
+                               f"bytes is too large to relay to the offer-broker (at most "
+                               f"{self.max_relay_bytes}); split it", message_id)]
+            self._offers_done(fw, call.accept.offer_ids if kind == "accept"
+                              else call.decline.offer_ids)
             return [self._to_broker(msg, traceparent)]
         if kind in ("revive", "suppress"):
             return self._revive_or_suppress(fw, call, kind, message_id, traceparent)

@@ -182,7 +182,7 @@ class MasterState:
     """The tables, and the helpers that keep them, the stream and the registry in step."""
 
     def __init__(self, master_id: str, epoch: int, *, agent_reregister_window_s: float,
-                 heartbeat_interval_ms: int, max_completed_tasks: int,
+                 heartbeat_interval_ms: int, max_completed_tasks: int, max_relay_bytes: int,
                  cluster_id: str = "", id_prefix: str = "") -> None:
         self.master_id = master_id
         self.epoch = epoch
@@ -195,6 +195,7 @@ class MasterState:
         self.agent_reregister_window_s = agent_reregister_window_s
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self.max_completed_tasks = max_completed_tasks
+        self.max_relay_bytes = max_relay_bytes
         self.agents: dict[str, Agent] = {}
         self.frameworks: dict[str, Framework] = {}
         self.tasks: dict[TaskKey, Task] = {}

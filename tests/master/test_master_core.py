@@ -705,3 +705,34 @@ def test_snapshot_holds_every_record() -> None:
     running(core, aid, fid, "t1")
     keys = [e.key for e in core.snapshot_entries()]
     assert keys == [f"agents/{aid}", f"frameworks/{fid}", f"tasks/{fid}/t1"]
+
+
+def test_a_call_too_large_to_relay_is_refused_not_lost() -> None:
+    """An Accept just under the front's frame limit grows when the master wraps it for the
+    broker; it used to raise FrameTooLarge in the shell and take the master down (issue 10,
+    defect 2). The core refuses it with FRAME_TOO_LARGE and keeps the offer outstanding."""
+    from services.bus import codec
+    from services.master.core import MAX_RELAY_BYTES
+    from tests.master.helpers import task_info
+
+    core, aid, fid = cluster()
+    core.internal_message(b"broker", Internal(framework_event=Internal.FrameworkEvent(
+        framework_id=fid, event=scheduler_pb2.SchedulerEvent(offers=scheduler_pb2
+        .SchedulerEvent.Offers(offers=[common_pb2.Offer(offer_id="o7", agent_id=aid)])))), T0)
+    big = task_info("t1")
+    big.labels["blob"] = "x" * (codec.DEFAULT_FRAME_LIMIT - 200)
+    op = common_pb2.Operation()
+    op.launch.tasks.append(big)
+    call = Call(framework_id=fid, accept=Call.Accept(offer_ids=["o7"], operations=[op]))
+    env = codec.Envelope()
+    env.scheduler_call.CopyFrom(call)
+    assert len(codec.encode(env)) <= codec.DEFAULT_FRAME_LIMIT  # the front accepts it
+    cmds = core.scheduler_call(b"f1", call, "m9", T0)
+    assert not broker_msgs(cmds, "framework_call")
+    reject = one(cmds, Reject)
+    assert reject.code == bus_pb2.FRAME_TOO_LARGE and str(MAX_RELAY_BYTES) in reject.message
+    assert "o7" in core.frameworks[fid].offers  # still outstanding: it may accept smaller
+    small = Call(framework_id=fid, accept=Call.Accept(offer_ids=["o7"]))
+    small.accept.operations.add().launch.tasks.append(task_info("t2"))
+    assert broker_msgs(core.scheduler_call(b"f1", small, "m10", T0), "framework_call")
+    core.validate()
