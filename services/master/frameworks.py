@@ -50,6 +50,8 @@ class FrameworkHandlers(MasterState):
                                f"{self.max_relay_bytes}); split it", message_id)]
             self._offers_done(fw, call.accept.offer_ids if kind == "accept"
                               else call.decline.offer_ids)
+            if not self.broker:  # nobody would validate it: its offers died with the broker
+                return self._no_broker(fw, call) if kind == "accept" else []
             return [self._to_broker(msg, traceparent)]
         if kind in ("revive", "suppress"):
             return self._revive_or_suppress(fw, call, kind, message_id, traceparent)
@@ -61,6 +63,24 @@ class FrameworkHandlers(MasterState):
             return self._reconcile(fw, call.reconcile.tasks)
         return [Reject(peer, bus_pb2.UNEXPECTED, f"unexpected scheduler call {kind}",
                        message_id)]
+
+    def _no_broker(self, fw: Framework, call: Call) -> list[Command]:
+        """An ACCEPT while no offer-broker is connected: its offers are void (a new broker
+        rescinds them all), so it launches nothing. Say so, and end its tasks as DROPPED,
+        rather than let it vanish."""
+        why = "no offer-broker is connected (it failed over); these offers are void"
+        task_ids = list(dict.fromkeys(t.task_id for op in call.accept.operations
+                                      if op.WhichOneof("operation") == "launch"
+                                      for t in op.launch.tasks))
+        for tid in task_ids:
+            if (fw.framework_id, tid) not in self.tasks:  # never tell a live task it ended
+                self._notify(fw.framework_id, self._status(
+                    tid, tasks.DROPPED, Reason.REASON_INVALID_OFFERS, why))
+        assert fw.peer is not None
+        return [ToFramework(fw.peer, fw.framework_id, Event(
+            accept_rejected=Event.AcceptRejected(
+                offer_ids=call.accept.offer_ids, task_ids=task_ids,
+                reason=common_pb2.RejectReason.REJECT_REASON_OFFER_UNKNOWN, message=why)))]
 
     # -- subscription ------------------------------------------------------------------
     def _subscribe(self, peer: bytes, call: Call, message_id: str) -> list[Command]:

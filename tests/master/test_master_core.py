@@ -641,6 +641,7 @@ def test_offers_to_a_disconnected_framework_are_declined_at_once() -> None:
 
 def test_accept_decline_revive_suppress_are_relayed_to_the_broker() -> None:
     core, _aid, fid = cluster()
+    core.broker_connected(b"b1")
     cmds = sched(core, b"f1", fid, accept=Call.Accept(offer_ids=["o1"]))
     assert broker_msgs(cmds, "framework_call")[0].framework_id == fid
     cmds = sched(core, b"f1", fid, suppress=Call.Suppress())
@@ -649,12 +650,6 @@ def test_accept_decline_revive_suppress_are_relayed_to_the_broker() -> None:
     cmds = sched(core, b"f1", fid, revive=Call.Revive(roles=["web"]))
     assert broker_msgs(cmds, "revive_offers")[0].framework_id == fid
     assert not core.frameworks[fid].suppressed_roles
-
-
-def test_no_broker_means_an_empty_peer() -> None:
-    core, _aid, fid = cluster()
-    cmds = sched(core, b"f1", fid, decline=Call.Decline(offer_ids=["o1"]))
-    assert one(cmds, ToBroker).peer == b""
 
 
 def test_broker_failover_rescinds_offers_of_the_old_broker() -> None:
@@ -735,4 +730,30 @@ def test_a_call_too_large_to_relay_is_refused_not_lost() -> None:
     small = Call(framework_id=fid, accept=Call.Accept(offer_ids=["o7"]))
     small.accept.operations.add().launch.tasks.append(task_info("t2"))
     assert broker_msgs(core.scheduler_call(b"f1", small, "m10", T0), "framework_call")
+    core.validate()
+
+
+def test_an_accept_with_no_broker_connected_is_rejected_not_lost() -> None:
+    """With no offer-broker connected (it died; a new one has not come), an Accept used to be
+    dropped by the shell: no AcceptRejected, no update, the framework's tasks stayed STAGING
+    in its mind (issue 10, defect 6). Now it is rejected and its tasks reported DROPPED."""
+    from tests.master.helpers import task_info
+
+    core = MasterCore("m1", 1, now=T0)
+    aid = register(core, b"a1")
+    fid = subscribed(core, b"f1", pa=True)  # partition-aware: it is told DROPPED, not LOST
+    assert not core.broker  # no broker has connected to this master
+    call = Call(framework_id=fid, accept=Call.Accept(offer_ids=["1-o3"]))
+    call.accept.operations.add().launch.tasks.append(task_info("t1"))
+    cmds = core.scheduler_call(b"f1", call, "m1", T0)
+    assert not broker_msgs(cmds, "framework_call")
+    [rejected] = [c.event.accept_rejected for c in only(cmds, ToFramework)
+                  if c.event.WhichOneof("event") == "accept_rejected"]
+    assert list(rejected.offer_ids) == ["1-o3"] and list(rejected.task_ids) == ["t1"]
+    assert rejected.reason == RJ.REJECT_REASON_OFFER_UNKNOWN
+    assert [(s.task_id, s.state) for s in statuses(cmds, fid)] == [("t1", TS.TASK_DROPPED)]
+    # A decline with no broker has nothing to answer: the offers are void already.
+    decline = Call(framework_id=fid, decline=Call.Decline(offer_ids=["1-o4"]))
+    assert not only(core.scheduler_call(b"f1", decline, "m2", T0), ToFramework)
+    assert aid in core.agents
     core.validate()
