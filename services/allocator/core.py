@@ -195,6 +195,7 @@ class AllocatorCore:
         self.weights: dict[str, float] = {}  # role -> weight; absent = 1.0
         self.filters: dict[str, dict[str, list[Filter]]] = {}  # framework -> agent -> filters
         self._expiries: list[tuple[float, int, Filter]] = []  # heap, for pruning
+        self._compact_at = 64  # the heap's size that triggers dropping dead entries
         self._filter_seq = 0
         self.cycle = 0
 
@@ -352,6 +353,12 @@ class AllocatorCore:
         self.filters.setdefault(framework_id, {}).setdefault(agent_id, []).append(flt)
         self._filter_seq += 1
         heapq.heappush(self._expiries, (until, self._filter_seq, flt))
+        if len(self._expiries) > self._compact_at:  # drop entries of filters revive removed
+            live = {id(f) for by_agent in self.filters.values() for fl in by_agent.values()
+                    for f in fl}
+            self._expiries = [e for e in self._expiries if id(e[2]) in live]
+            heapq.heapify(self._expiries)
+            self._compact_at = 2 * len(self._expiries) + 64
 
     # -- allocation --------------------------------------------------------------------
     def allocate(self, now: float) -> Cycle:
@@ -466,27 +473,6 @@ class AllocatorCore:
         return min((f.expires_at for by_agent in self.filters.values()
                     for flts in by_agent.values() for f in flts if f.expires_at > now),
                    default=None)
-
-    def roles_view(self) -> list[dict[str, object]]:
-        """Each role with a framework or a weight: its weight, frameworks, and its share of
-        the cluster per DRF resource (offered + used), the dominant one first."""
-        total = self.sorter.total
-        roles: dict[str, list[str]] = {r: [] for r in self.weights}
-        for fid, fw in sorted(self.frameworks.items()):
-            roles.setdefault(fw.role, []).append(fid)
-        out: list[dict[str, object]] = []
-        for role in sorted(roles):
-            used: dict[str, int] = {}
-            for fid in roles[role]:
-                for name, v in self.sorter.allocation(fid).items():
-                    used[name] = used.get(name, 0) + v
-            shares = {n: v / total[n] for n, v in sorted(used.items()) if total.get(n)}
-            dominant = max(shares, key=shares.__getitem__, default="")
-            out.append({"role": role, "weight": self.weights.get(role, 1.0),
-                        "frameworks": roles[role], "shares": shares,
-                        "dominant_resource": dominant,
-                        "dominant_share": shares.get(dominant, 0.0)})
-        return out
 
     def _expire_filters(self, now: float) -> None:
         while self._expiries and self._expiries[0][0] <= now:

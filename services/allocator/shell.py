@@ -17,6 +17,7 @@ from opentelemetry import trace
 from schemas import internal_pb2
 from services.allocator.core import AllocatorCore, AllocatorError, Cycle, Decision, Outcome
 from services.allocator.feed import StreamFeed, norm
+from services.allocator.roles import roles_view
 from services.bus import codec
 from services.bus.election import LeaderChanged, LeaderInfo, detector_from_url
 from services.bus.epoch import EpochFence
@@ -351,7 +352,7 @@ class AllocatorShell(ServiceKit):
     def _http_roles(self, query: dict[str, list[str]]) -> Response:
         """Each role's weight, frameworks and shares (`offerbus roles`)."""
         body = {"leading": self.core is not None, "epoch": self._epoch(),
-                "roles": self.core.roles_view() if self.core is not None else []}
+                "roles": roles_view(self.core) if self.core is not None else []}
         return Response(200 if self.core is not None else 503, "application/json",
                         json.dumps(body, sort_keys=True).encode())
 

@@ -121,6 +121,20 @@ def test_lowest_share_first_and_ties_by_framework_id() -> None:
 # -- suppress, revive, filters ---------------------------------------------------------------
 
 
+def test_filters_dropped_by_revive_do_not_pile_up_until_they_would_have_expired() -> None:
+    """A framework that declines with a year-long filter and revives, over and over, used to
+    leave every filter in the expiry heap for a year (issue 10, defect 8)."""
+    core = cluster(2, {"f1": "a"})
+    for i in range(10_000):
+        core.refuse("f1", "a000", until=3.2e7 + i)
+        if i % 2:
+            core.revive("f1")
+    live = sum(len(fl) for by_agent in core.filters.values() for fl in by_agent.values())
+    assert live <= 1
+    assert len(core._expiries) <= 2 * live + 64
+    core.validate()
+
+
 def test_suppressed_framework_gets_nothing_and_revive_restores_and_clears_filters() -> None:
     core = cluster(2, {"f1": "a", "f2": "a"})
     core.suppress("f1")
@@ -541,3 +555,20 @@ TestAllocatorMachine = AllocatorMachine.TestCase
 TestAllocatorMachine.settings = settings(
     max_examples=150, stateful_step_count=40, deadline=None,
     suppress_health_check=[HealthCheck.too_slow])
+
+
+def test_roles_view_shows_weights_frameworks_and_shares() -> None:
+    from services.allocator.roles import roles_view
+
+    core = cluster(2, {"f1": "web", "f2": "batch"})
+    core.set_weight("batch", 2.0)
+    core.set_weight("idle", 3.0)  # a role with a weight and no framework is listed too
+    core.resources_used("a000", "f1", Resources.of(cpus=2, mem=1024))
+    view = {r["role"]: r for r in roles_view(core)}
+    assert sorted(view) == ["batch", "idle", "web"]
+    assert view["web"]["frameworks"] == ["f1"] and view["web"]["weight"] == 1.0
+    assert view["web"]["dominant_resource"] == "cpus"
+    assert view["web"]["dominant_share"] == pytest.approx(2 / 8)  # 2 of 2 agents' 8 cpus
+    assert view["web"]["shares"] == pytest.approx({"cpus": 0.25, "mem": 1024 / 16384})
+    assert view["batch"]["weight"] == 2.0 and view["batch"]["dominant_share"] == 0.0
+    assert view["idle"]["frameworks"] == []
