@@ -153,3 +153,17 @@ def sched(core: MasterCore, peer: bytes, fid: str, now: float = T0, **call: Any,
 
 def operator(core: MasterCore, peer: bytes, now: float = T0, **call: Any) -> list[Command]:
     return core.operator_call(peer, operator_pb2.OperatorCall(**call), "op1", now)
+
+
+def cluster(pa: bool = False, failover: float = 60.0) -> tuple[MasterCore, str, str]:
+    """A master with agent a1 (peer b"a1") and framework f1 (peer b"f1")."""
+    core = MasterCore("m1", 7, now=T0)
+    aid = register(core, b"a1")
+    fid = subscribed(core, b"f1", pa=pa, failover=failover)
+    return core, aid, fid
+
+
+def running(core: MasterCore, aid: str, fid: str, *tids: str) -> None:
+    launch(core, fid, aid, *tids)
+    for tid in tids:
+        update(core, b"a1", aid, fid, tid, TS.TASK_RUNNING, uuid=f"{tid}-run".encode())

@@ -1,0 +1,254 @@
+"""The master's pure core when something fails: agents lost and back, the master itself
+failing over, frameworks failing over or torn down."""
+
+
+from __future__ import annotations
+
+from schemas import agent_pb2, bus_pb2, common_pb2, operator_pb2, scheduler_pb2
+from services.master.commands import (
+    Reject,
+    ToFramework,
+    ToOperator,
+)
+from services.master.core import MasterCore
+from services.resources import Resources
+from tests.master.helpers import (
+    T0,
+    TS,
+    Call,
+    Internal,
+    agent_events,
+    broker_msgs,
+    cluster,
+    launch,
+    one,
+    only,
+    operator,
+    published,
+    registry,
+    rejects,
+    reported,
+    reregister,
+    running,
+    sched,
+    statuses,
+    subscribe,
+    subscribed,
+    update,
+)
+
+R = common_pb2.TaskStatus.Reason
+RJ = common_pb2.RejectReason
+
+
+# -- agent failures ------------------------------------------------------------------------
+
+
+def test_agent_peer_gone_makes_tasks_unreachable_or_lost_by_capability() -> None:
+    core, aid, fid = cluster(pa=True)
+    plain = subscribed(core, b"f2")
+    running(core, aid, fid, "t1")
+    launch(core, plain, aid, "t2", rid="r2")
+    cmds = core.peer_gone(b"a1", T0 + 5)
+    (pa_st,) = statuses(cmds, fid)
+    (plain_st,) = statuses(cmds, plain)
+    assert pa_st.state == TS.TASK_UNREACHABLE and plain_st.state == TS.TASK_LOST
+    assert pa_st.reason == plain_st.reason == R.REASON_AGENT_UNREACHABLE
+    assert pa_st.unreachable_since_us == int((T0 + 5) * 1e6)
+    # Stored as UNREACHABLE either way, resources still counted until the agent is back.
+    assert core.tasks[(plain, "t2")].state == TS.TASK_UNREACHABLE
+    assert core.agents[aid].used == Resources.parse("cpus:2;mem:256")
+    assert published(cmds)[f"agents/{aid}"].agent.status == 2  # UNREACHABLE
+    assert registry(cmds)["agents"][aid]["status"] == "unreachable"  # type: ignore[index]
+    failures = [c for c in only(cmds, ToFramework) if c.event.WhichOneof("event") == "failure"]
+    assert {c.framework_id for c in failures} == {fid, plain}
+    core.validate()
+
+
+def test_agent_back_from_unreachable_keeps_pa_tasks_and_kills_non_pa_ones() -> None:
+    core, aid, fid = cluster(pa=True)
+    plain = subscribed(core, b"f2")
+    running(core, aid, fid, "t1")
+    launch(core, plain, aid, "t2", rid="r2")
+    core.peer_gone(b"a1", T0 + 5)
+    cmds = reregister(core, b"a1", aid, [reported(fid, "t1", TS.TASK_RUNNING),
+                                         reported(plain, "t2", TS.TASK_RUNNING)], now=T0 + 9)
+    assert agent_events(cmds, "reregistered")
+    assert core.tasks[(fid, "t1")].state == TS.TASK_RUNNING
+    kills = agent_events(cmds, "kill_task")
+    assert [(k.event.kill_task.framework_id, k.event.kill_task.task_id) for k in kills] == [
+        (plain, "t2")]  # it was told TASK_LOST: it must not come back to life
+    core.validate()
+
+
+def test_reregister_drops_tasks_the_agent_no_longer_has_and_reconciles_staging() -> None:
+    core, aid, fid = cluster(pa=True)
+    running(core, aid, fid, "t1")
+    launch(core, fid, aid, "t2", rid="r2")  # STAGING: RunTasks may still be in flight
+    cmds = reregister(core, b"a1", aid, [])
+    (st,) = statuses(cmds, fid)
+    assert (st.task_id, st.state, st.reason) == ("t1", TS.TASK_DROPPED,
+                                                 R.REASON_AGENT_RESTARTED)
+    (rec,) = agent_events(cmds, "reconcile")
+    assert [(t.task_id, t.state) for t in rec.event.reconcile.tasks] == [("t2",
+                                                                           TS.TASK_STAGING)]
+    core.validate()
+
+
+def test_agent_unregister_ends_its_tasks_gone() -> None:
+    core, aid, fid = cluster(pa=True)
+    running(core, aid, fid, "t1")
+    cmds = core.agent_call(b"a1", agent_pb2.AgentCall(
+        agent_id=aid, unregister=agent_pb2.AgentCall.Unregister(reason="drain")), T0)
+    assert [s.state for s in statuses(cmds, fid)] == [TS.TASK_GONE]
+    assert registry(cmds)["agents"][aid]["status"] == "gone"  # type: ignore[index]
+    core.validate()
+
+
+def test_mark_agent_gone_needs_an_unreachable_agent() -> None:
+    core, aid, fid = cluster(pa=True)
+    running(core, aid, fid, "t1")
+    cmds = operator(core, b"op", mark_agent_gone=operator_pb2.OperatorCall.MarkAgentGone(
+        agent_id=aid))
+    assert one(cmds, Reject).code == bus_pb2.INVALID
+    core.peer_gone(b"a1", T0 + 1)
+    cmds = operator(core, b"op", mark_agent_gone=operator_pb2.OperatorCall.MarkAgentGone(
+        agent_id=aid))
+    assert [s.state for s in statuses(cmds, fid)] == [TS.TASK_GONE_BY_OPERATOR]
+    assert one(cmds, ToOperator).event.WhichOneof("event") == "done"
+    assert not core.agents[aid].used
+    # A gone agent can never come back under its id.
+    cmds = reregister(core, b"a1", aid, [reported(fid, "t1", TS.TASK_RUNNING)])
+    assert agent_events(cmds, "shutdown") and rejects(cmds)
+    core.validate()
+
+
+# -- master failover -----------------------------------------------------------------------
+
+
+def test_reregistration_after_master_failover_rebuilds_the_same_tasks() -> None:
+    old, aid, fid = cluster()
+    running(old, aid, fid, "t1")
+    launch(old, fid, aid, "t2", rid="r2")
+    update(old, b"a1", aid, fid, "t2", TS.TASK_FINISHED)
+    doc = old.registry_document()
+    new = MasterCore("m2", 8, recovered_registry=doc, now=T0 + 100)
+    assert new.recovering.keys() == {aid} and fid in new.frameworks
+    cmds = reregister(new, b"a1-new", aid, [reported(fid, "t1", TS.TASK_RUNNING)],
+                      frameworks=[old.frameworks[fid].info], now=T0 + 101)
+    assert agent_events(cmds, "reregistered")
+    assert not agent_events(cmds, "kill_task") and not agent_events(cmds, "shutdown_framework")
+    assert new.tasks[(fid, "t1")].state == TS.TASK_RUNNING
+    assert new.agents[aid].used == Resources.parse("cpus:1;mem:128")
+    # The scheduler re-subscribes within its failover timeout and keeps its task.
+    assert subscribed(new, b"f1-new", framework_id=fid, now=T0 + 110) == fid
+    new.tick(T0 + 500)
+    assert new.tasks[(fid, "t1")].state == TS.TASK_RUNNING
+    new.validate()
+
+
+def test_a_master_failover_never_removes_a_framework_with_failover_timeout_0() -> None:
+    """failover_timeout 0 (the protocol default) means "remove me when *I* disconnect", not
+    "when the master dies": after a failover the framework has the re-register window to
+    come back, like the agents (issue 10, defect 7)."""
+    old, aid, fid = cluster(failover=0.0)
+    running(old, aid, fid, "t1")
+    new = MasterCore("m2", 8, recovered_registry=old.registry_document(),
+                     agent_reregister_window_s=60, now=T0 + 100)
+    reregister(new, b"a1", aid, [reported(fid, "t1", TS.TASK_RUNNING)],
+               frameworks=[old.frameworks[fid].info], now=T0 + 100.5)
+    cmds = new.tick(T0 + 101)
+    assert fid in new.frameworks and not agent_events(cmds, "shutdown_framework"), cmds
+    assert new.next_deadline() == T0 + 160  # the window, not "now"
+    assert subscribed(new, b"f1-new", framework_id=fid, now=T0 + 130) == fid
+    assert new.tasks[(fid, "t1")].state == TS.TASK_RUNNING
+    new.validate()
+    # Not back within the window: removed then, as its timeout of 0 asks.
+    lost = MasterCore("m3", 9, recovered_registry=old.registry_document(),
+                      agent_reregister_window_s=60, now=T0 + 200)
+    assert fid in lost.frameworks
+    lost.tick(T0 + 259)
+    assert fid in lost.frameworks
+    lost.tick(T0 + 260)
+    assert fid not in lost.frameworks
+    lost.validate()
+
+
+def test_agents_not_back_within_the_window_become_unreachable() -> None:
+    old, aid, _fid = cluster()
+    new = MasterCore("m2", 8, recovered_registry=old.registry_document(),
+                     agent_reregister_window_s=60, now=T0)
+    assert not new.tick(T0 + 59)
+    cmds = new.tick(T0 + 60)
+    assert published(cmds)[f"agents/{aid}"].agent.status == 2
+    assert registry(cmds)["agents"][aid]["status"] == "unreachable"  # type: ignore[index]
+    assert not only(cmds, ToFramework)  # the new master knows none of its tasks
+    new.validate()
+
+
+def test_reconcile_during_the_reregister_window_stays_silent() -> None:
+    old, _aid, fid = cluster()
+    new = MasterCore("m2", 8, recovered_registry=old.registry_document(), now=T0)
+    subscribed(new, b"f1", framework_id=fid)
+    cmds = sched(new, b"f1", fid, reconcile=Call.Reconcile(tasks=[Call.Reconcile.Task(
+        task_id="t1")]))
+    assert not statuses(cmds)
+
+
+# -- framework failover --------------------------------------------------------------------
+
+
+def test_framework_failover_within_timeout_keeps_tasks() -> None:
+    core, aid, fid = cluster(failover=30)
+    running(core, aid, fid, "t1")
+    core.internal_message(b"broker", Internal(framework_event=Internal.FrameworkEvent(
+        framework_id=fid, event=scheduler_pb2.SchedulerEvent(offers=scheduler_pb2
+        .SchedulerEvent.Offers(offers=[common_pb2.Offer(offer_id="o7", agent_id=aid)])))), T0)
+    cmds = core.peer_gone(b"f1", T0 + 1)
+    (decline,) = broker_msgs(cmds, "framework_call")
+    assert list(decline.call.decline.offer_ids) == ["o7"]
+    assert decline.call.decline.filters.refuse_seconds == 0
+    assert not published(cmds)[f"frameworks/{fid}"].framework.connected
+    assert not core.tick(T0 + 30)  # 29 s after the disconnect
+    assert subscribed(core, b"f1b", framework_id=fid, now=T0 + 30) == fid
+    assert not core.tick(T0 + 1000)
+    assert core.tasks[(fid, "t1")].state == TS.TASK_RUNNING
+
+
+def test_framework_failover_timeout_removes_it_and_shuts_its_tasks_down() -> None:
+    core, aid, fid = cluster(failover=30)
+    running(core, aid, fid, "t1")
+    core.peer_gone(b"f1", T0 + 1)
+    cmds = core.tick(T0 + 31)
+    (sd,) = agent_events(cmds, "shutdown_framework")
+    assert sd.event.shutdown_framework.framework_id == fid
+    pub = published(cmds)
+    assert pub[f"frameworks/{fid}"] is None and pub[f"tasks/{fid}/t1"] is None
+    assert fid not in registry(cmds)["frameworks"]  # type: ignore[index]
+    assert not core.agents[aid].used
+    # Its stragglers are shut down, its id cannot subscribe again.
+    cmds = update(core, b"a1", aid, fid, "t1", TS.TASK_RUNNING)
+    assert agent_events(cmds, "shutdown_framework")
+    assert one(subscribe(core, b"f1c", framework_id=fid), ToFramework).event.error.message
+    core.validate()
+
+
+def test_subscribe_takeover_needs_force_and_disconnects_the_old_scheduler() -> None:
+    core, _aid, fid = cluster()
+    cmds = subscribe(core, b"f1b", framework_id=fid)
+    assert "force" in one(cmds, ToFramework).event.error.message
+    cmds = subscribe(core, b"f1b", framework_id=fid, force=True)
+    by_peer = {c.peer: c.event.WhichOneof("event") for c in only(cmds, ToFramework)}
+    assert by_peer == {b"f1": "error", b"f1b": "subscribed"}
+    assert one(sched(core, b"f1", fid, reconcile=Call.Reconcile()), Reject)
+    assert one(subscribe(core, b"f1c", framework_id=fid, principal="mallory", force=True),
+               ToFramework).event.error.message
+
+
+def test_teardown_shuts_down_on_agents_and_forgets_the_framework() -> None:
+    core, aid, fid = cluster()
+    running(core, aid, fid, "t1")
+    cmds = sched(core, b"f1", fid, teardown=Call.Teardown())
+    assert agent_events(cmds, "shutdown_framework")
+    assert fid not in core.frameworks and not core.tasks
+    core.validate()
