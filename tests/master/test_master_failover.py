@@ -1,7 +1,6 @@
 """The master's pure core when something fails: agents lost and back, the master itself
 failing over, frameworks failing over or torn down."""
 
-
 from __future__ import annotations
 
 from schemas import agent_pb2, bus_pb2, common_pb2, operator_pb2, scheduler_pb2

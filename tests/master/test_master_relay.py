@@ -1,7 +1,6 @@
 """The master's pure core as a relay and for operators: the cluster's identity, offers and
 calls between frameworks and the offer-broker (frames too large, no broker), operator calls."""
 
-
 from __future__ import annotations
 
 from schemas import agent_pb2, bus_pb2, common_pb2, operator_pb2, scheduler_pb2
