@@ -10,8 +10,10 @@ import sys
 import threading
 import time
 import urllib.request
+import uuid
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,6 +55,24 @@ class Cluster:
         """agent id -> hostname"""
         return {a["agent_info"]["agent_id"]: a["agent_info"]["hostname"]
                 for a in self.state()["agents"]}
+
+
+@contextmanager
+def local_cluster_in(zk: Any, zk_admin: Any, run_dir: Path, name: str,
+                     **options: Any) -> Iterator[Cluster]:
+    """A local cluster (`offerbus up`) on the tests' ZooKeeper under its own chroot
+    `/<name>-<random>`, taken down (only its own processes and containers) afterwards."""
+    from services.cli import cluster as local_cluster
+
+    chroot = f"/{name}-{uuid.uuid4().hex[:8]}"
+    zk_admin.create(chroot)
+    url = f"zk://{zk.hosts}{chroot}"
+    local_cluster.up(local_cluster.UpOptions(run_dir=run_dir, cluster_url=url, timeout=60,
+                                             **options))
+    try:
+        yield Cluster(url, run_dir)
+    finally:
+        local_cluster.down(run_dir)
 
 
 def sleep_task(task_id: str, offer: common_pb2.Offer, *, cpus: float = 0.1, mem: float = 32,

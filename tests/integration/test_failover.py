@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,7 +17,7 @@ from frameworks.service import ServiceScheduler, ServiceSpec
 from infra.zookeeper import ZooKeeperServer
 from services.bus.election import detector_from_url
 from services.cli import cluster as local_cluster
-from tests.e2e import Cluster, framework
+from tests.e2e import Cluster, framework, local_cluster_in
 from tests.waiting import wait_for
 
 INSTANCES = 4
@@ -27,16 +26,9 @@ INSTANCES = 4
 @pytest.fixture
 def cluster(zk: ZooKeeperServer, zk_admin: Any, tmp_path: Any, docker_client: Any,
             busybox_image: str) -> Iterator[Cluster]:
-    chroot = f"/failover-{uuid.uuid4().hex[:8]}"
-    zk_admin.create(chroot)
-    url = f"zk://{zk.hosts}{chroot}"
-    local_cluster.up(local_cluster.UpOptions(
-        run_dir=tmp_path, agents=2, masters=2, cluster_url=url, timeout=60,
-        agent_resources="cpus:2;mem:2048;disk:10240;ports:[31000-31999]"))
-    try:
-        yield Cluster(url, tmp_path)
-    finally:
-        local_cluster.down(tmp_path)
+    with local_cluster_in(zk, zk_admin, tmp_path, "failover", agents=2, masters=2,
+                          agent_resources="cpus:2;mem:2048;disk:10240;ports:[31000-31999]") as c:
+        yield c
 
 
 def leader(url: str) -> tuple[str, int]:

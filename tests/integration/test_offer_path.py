@@ -5,7 +5,6 @@ SDK. What an operator and a framework author rely on, checked as they would see 
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,9 +14,8 @@ from frameworks.sdk.driver import SchedulerDriver
 from frameworks.service import ServiceScheduler, ServiceSpec
 from infra.zookeeper import ZooKeeperServer
 from schemas import bus_pb2, common_pb2
-from services.cli import cluster as local_cluster
 from services.resources import Resources
-from tests.e2e import Cluster, Recorder, S, framework, launch, sleep_task
+from tests.e2e import Cluster, Recorder, S, framework, launch, local_cluster_in, sleep_task
 from tests.waiting import wait_for
 
 AGENT_RESOURCES = "cpus:2;mem:2048;disk:10240;ports:[31000-31999]"
@@ -27,17 +25,9 @@ OFFER_TIMEOUT = 4.0
 @pytest.fixture(scope="module")
 def cluster(zk: ZooKeeperServer, zk_admin: Any, tmp_path_factory: pytest.TempPathFactory,
             docker_client: Any, busybox_image: str) -> Iterator[Cluster]:
-    chroot = f"/e2e-{uuid.uuid4().hex[:8]}"
-    zk_admin.create(chroot)
-    run_dir = tmp_path_factory.mktemp("cluster")
-    url = f"zk://{zk.hosts}{chroot}"
-    local_cluster.up(local_cluster.UpOptions(
-        run_dir=run_dir, agents=3, agent_resources=AGENT_RESOURCES, cluster_url=url,
-        offer_timeout=OFFER_TIMEOUT, timeout=60))
-    try:
-        yield Cluster(url, run_dir)
-    finally:
-        local_cluster.down(run_dir)
+    with local_cluster_in(zk, zk_admin, tmp_path_factory.mktemp("cluster"), "e2e", agents=3,
+                          agent_resources=AGENT_RESOURCES, offer_timeout=OFFER_TIMEOUT) as c:
+        yield c
 
 
 def start(cluster: Cluster, scheduler: Any, name: str) -> SchedulerDriver:

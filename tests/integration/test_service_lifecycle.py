@@ -22,7 +22,7 @@ from infra.zookeeper import ZooKeeperServer
 from services.cli import cluster as local_cluster
 from services.executor.runtime import LABEL_CLUSTER, LABEL_TASK
 from services.procs import pid_alive
-from tests.e2e import Cluster
+from tests.e2e import Cluster, local_cluster_in
 from tests.waiting import wait_for
 
 IMAGE = "offerbus/busybox:latest"
@@ -64,17 +64,9 @@ def pids(run_dir: Path) -> dict[str, int]:
 @pytest.fixture(scope="module")
 def cluster_a(zk: ZooKeeperServer, zk_admin: Any, tmp_path_factory: pytest.TempPathFactory,
               docker_client: Any, busybox_image: str) -> Iterator[Cluster]:
-    chroot = f"/life-{uuid.uuid4().hex[:8]}"
-    zk_admin.create(chroot)
-    run_dir = tmp_path_factory.mktemp("cluster-a")
-    url = f"zk://{zk.hosts}{chroot}"
-    local_cluster.up(local_cluster.UpOptions(run_dir=run_dir, agents=1,
-                                             agent_resources=AGENT_RESOURCES, cluster_url=url,
-                                             offer_timeout=10.0, timeout=60))
-    try:
-        yield Cluster(url, run_dir)
-    finally:
-        local_cluster.down(run_dir)
+    with local_cluster_in(zk, zk_admin, tmp_path_factory.mktemp("cluster-a"), "life",
+                          agents=1, agent_resources=AGENT_RESOURCES, offer_timeout=10.0) as c:
+        yield c
 
 
 @pytest.fixture(scope="module")

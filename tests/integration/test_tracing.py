@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,10 +12,9 @@ from typing import Any
 import pytest
 
 from infra.zookeeper import ZooKeeperServer
-from services.cli import cluster as local_cluster
 from services.telemetry import spans as S
 from services.telemetry.file_exporter import read_spans
-from tests.e2e import Cluster
+from tests.e2e import Cluster, local_cluster_in
 from tests.waiting import wait_for
 
 CHAIN = [  # (span name, service) from the task back to the allocation
@@ -29,16 +27,10 @@ CHAIN = [  # (span name, service) from the task back to the allocation
 @pytest.fixture(scope="module")
 def cluster(zk: ZooKeeperServer, zk_admin: Any, tmp_path_factory: pytest.TempPathFactory,
             docker_client: Any, busybox_image: str) -> Iterator[Cluster]:
-    chroot = f"/trace-{uuid.uuid4().hex[:8]}"
-    zk_admin.create(chroot)
-    run_dir = tmp_path_factory.mktemp("traced")
-    local_cluster.up(local_cluster.UpOptions(
-        run_dir=run_dir, agents=2, cluster_url=f"zk://{zk.hosts}{chroot}", timeout=60,
-        agent_resources="cpus:2;mem:2048;disk:10240;ports:[31000-31999]"))
-    try:
-        yield Cluster(f"zk://{zk.hosts}{chroot}", run_dir)
-    finally:
-        local_cluster.down(run_dir)
+    with local_cluster_in(zk, zk_admin, tmp_path_factory.mktemp("traced"), "trace",
+                          agents=2,
+                          agent_resources="cpus:2;mem:2048;disk:10240;ports:[31000-31999]") as c:
+        yield c
 
 
 def all_spans(traces: Path) -> list[dict[str, Any]]:
