@@ -54,8 +54,11 @@ class ServiceSpec:
     def check(self) -> None:
         if not self.name or "/" in self.name:
             raise ValueError(f"bad service name {self.name!r}")
-        if self.instances < 0 or self.cpus <= 0 or self.mem <= 0:
-            raise ValueError("instances must be >= 0, cpus and mem > 0")
+        if self.instances < 0:
+            raise ValueError(f"instances must be >= 0 (got {self.instances})")
+        for name, value in (("cpus", self.cpus), ("mem", self.mem)):
+            if not value > 0:
+                raise ValueError(f"{name} must be > 0 (got {value:g})")
         for c in self.constraints:
             parse_constraint(c)
         if any(not 0 < p < 65536 for p in self.ports) or len(set(self.ports)) != len(self.ports):

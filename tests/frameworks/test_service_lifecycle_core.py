@@ -147,3 +147,14 @@ def test_placed_ports_lie_in_the_offer_and_are_never_shared(
         assert len(ports) == len(set(ports))
     placed = sum(len(v) for v in p.launches.values())
     assert placed == instances or p.why
+
+
+def test_a_bad_spec_names_the_value_that_is_wrong() -> None:
+    """`offerbus scale demo -1` used to answer "instances must be >= 0, cpus and mem > 0",
+    naming values the user never gave."""
+    for bad, said in ((dict(instances=-1), "instances must be >= 0 (got -1)"),
+                      (dict(cpus=0.0), "cpus must be > 0 (got 0"),
+                      (dict(mem=-5.0), "mem must be > 0 (got -5")):
+        with pytest.raises(ValueError) as err:
+            spec(**bad).check()
+        assert said in str(err.value) and "and" not in str(err.value)
