@@ -87,7 +87,6 @@ class MasterShell(ServiceKit):
         self.core: MasterCore | None = None
         self._broker: tuple[bytes, int] | None = None  # the broker's peer and epoch
         self._pending_publish: list[bus_pb2.StateEntry] = []
-        self._traceparent = ""  # of the call whose commands are being carried out
         self._staged: dict[tuple[str, str], float] = {}  # launch sent -> RUNNING, for latency
         self._register_metrics()
         self._register_handlers()
@@ -98,6 +97,7 @@ class MasterShell(ServiceKit):
     # -- leadership ----------------------------------------------------------------------
     def _lead(self, epoch: int) -> None:
         self._broker = None
+        self._pending_publish.clear()  # nothing of an earlier reign is published in this one
         recovered = self.registry.load()
         # Randomness lives here, not in the core: a fresh cluster id (kept only when the
         # registry has none) and an id prefix unique to this leadership.
@@ -131,15 +131,15 @@ class MasterShell(ServiceKit):
         core = self._core_or_reject(self.front, peer, env)
         if core is None:
             return
-        self._traceparent = env.traceparent
+        tp = env.traceparent  # the handlers read it as driver.context, for this step only
         if kind == "agent_call":
-            self.driver.step(lambda now: core.agent_call(peer, env.agent_call, now))
+            self.driver.step(lambda now: core.agent_call(peer, env.agent_call, now), tp)
         elif kind == "scheduler_call":
             self.driver.step(lambda now: core.scheduler_call(
-                peer, env.scheduler_call, env.message_id, now))
+                peer, env.scheduler_call, env.message_id, now), tp)
         else:
             self.driver.step(lambda now: core.operator_call(
-                peer, env.operator_call, env.message_id, now))
+                peer, env.operator_call, env.message_id, now), tp)
 
     def _on_internal(self, peer: bytes, env: codec.Envelope) -> None:
         if env.sender_role not in INTERNAL_ROLES or codec.payload_kind(env) != "internal":
@@ -150,21 +150,21 @@ class MasterShell(ServiceKit):
         core = self._core_or_reject(self.internal, peer, env)
         if core is None:
             return
-        self._traceparent = env.traceparent
+        tp = env.traceparent
         if env.sender_role == Role.Value("ROLE_BROKER") and self._broker != (peer, env.epoch):
             # A new broker (or the same one on a new connection): offers relayed from an
             # older broker epoch are rescinded to their frameworks.
             self._broker = (peer, env.epoch)
             self.driver.step(lambda now: core.broker_connected(
-                peer, offer_prefix=str(env.epoch), now=now))
+                peer, offer_prefix=str(env.epoch), now=now), tp)
         span: Span | None = None
         if env.internal.WhichOneof("kind") == "launch_request":
             # The launch continues the broker's validate span; the core records the launch
             # span's traceparent on the tasks and hands it to the agent with each task.
-            span = self._launch_span(env.internal.launch_request, self._traceparent)
-            self._traceparent = span_traceparent(span)
-        tp = self._traceparent
-        cmds = self.driver.step(lambda now: core.internal_message(peer, env.internal, now, tp))
+            span = self._launch_span(env.internal.launch_request, tp)
+            tp = span_traceparent(span)
+        cmds = self.driver.step(
+            lambda now: core.internal_message(peer, env.internal, now, tp), tp)
         if span is not None:
             self._end_launch(span, cmds)
 
@@ -219,7 +219,6 @@ class MasterShell(ServiceKit):
     def _on_peer_gone(self, peer: bytes) -> None:
         core = self.core
         if core is not None:
-            self._traceparent = ""
             self.driver.step(lambda now: core.peer_gone(peer, now))
 
     # -- outbound: the core's commands, by type ------------------------------------------
@@ -244,13 +243,13 @@ class MasterShell(ServiceKit):
             for launch in launches:
                 if len(self._staged) < MAX_TIMED_LAUNCHES:
                     self._staged[(launch.framework_id, launch.task.task_id)] = now
-        env = codec.Envelope(traceparent=cmd.traceparent or self._traceparent)
+        env = codec.Envelope(traceparent=cmd.traceparent or self.driver.context)
         env.agent_event.CopyFrom(cmd.event)
         self._send(self.front, cmd.peer, env)
 
     def _to_framework(self, cmd: ToFramework) -> None:
         kind = cmd.event.WhichOneof("event")
-        tp = cmd.traceparent or self._traceparent
+        tp = cmd.traceparent or self.driver.context
         if kind == "offers" and not tp and cmd.event.offers.offers:
             tp = cmd.event.offers.offers[0].traceparent  # each offer keeps its own
         elif kind == "update":
@@ -264,7 +263,7 @@ class MasterShell(ServiceKit):
         if not cmd.peer:
             self.stats.inc("frames_unsent{reason=no_broker}")
             return
-        env = codec.Envelope(traceparent=cmd.traceparent or self._traceparent)
+        env = codec.Envelope(traceparent=cmd.traceparent or self.driver.context)
         env.internal.CopyFrom(cmd.message)
         self._send(self.internal, cmd.peer, env)
 

@@ -63,6 +63,9 @@ class Option:
                 raise ConfigError(f"{where}: must be >= {self.minimum:g} (got {value})")
             if self.maximum is not None and value > self.maximum:
                 raise ConfigError(f"{where}: must be <= {self.maximum:g} (got {value})")
+        if self.choices and isinstance(value, str) and value not in self.choices \
+                and value.upper() in self.choices:
+            value = value.upper()  # `debug` is as good as `DEBUG`
         if self.choices and value not in self.choices:
             raise ConfigError(f"{where}: must be one of {', '.join(self.choices)} "
                               f"(got {value!r})")

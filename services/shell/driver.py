@@ -31,6 +31,9 @@ class CoreDriver:
         self._handlers: dict[type, Handler] = {}
         self._timer: Timer | None = None
         self._deadline: float | None = None
+        self.context = ""  # set by step() for its handlers (e.g. the call's traceparent)
+        self._command_errors = metrics.counter(
+            "command_errors", "Commands whose handler raised (logged; the step went on).")
 
     def now(self) -> float:
         return self.clock()
@@ -48,26 +51,39 @@ class CoreDriver:
         self.core = None
         self._cancel()
 
-    def step(self, fn: Callable[[float], Iterable[object]]) -> list[object]:
+    def step(self, fn: Callable[[float], Iterable[object]], context: str = "") -> list[object]:
         """Call the core (`fn(now)`), carry out its commands, re-arm the timer; returns the
-        commands."""
-        cmds = list(fn(self.clock()))
+        commands. `context` (a traceparent) is readable by the handlers during this step
+        only. A handler that detaches the core (the service stepped down) ends the step."""
+        core = self.core
+        self.context = context
         try:
-            self.dispatch(cmds)
+            cmds = list(fn(self.clock()))
+            self.dispatch(cmds, while_attached=core)
         finally:
+            self.context = ""
             self._rearm()
         return cmds
 
-    def dispatch(self, commands: Iterable[object]) -> None:
+    def dispatch(self, commands: Iterable[object], while_attached: object = None) -> None:
+        """Each command to its handler. One handler's exception (a bug) is logged and
+        counted, and the rest are still carried out: the core already changed its state."""
         for cmd in commands:
+            if while_attached is not None and self.core is not while_attached:
+                return  # the service stepped down mid-step: a deposed leader sends nothing
             if isinstance(cmd, Notice):
                 self.notice(cmd)
                 continue
             handler = next((self._handlers[k] for k in type(cmd).__mro__
                             if k in self._handlers), None)
-            if handler is None:
-                raise TypeError(f"no handler for {type(cmd).__name__}")
-            handler(cmd)
+            try:
+                if handler is None:
+                    raise TypeError(f"no handler for {type(cmd).__name__}")
+                handler(cmd)
+            except Exception as exc:
+                self._command_errors.inc()
+                self.log.error("command failed", command=type(cmd).__name__, error=repr(exc),
+                               exc_info=True)
 
     def notice(self, notice: Notice) -> None:
         """One decision or anomaly, to the log, the notices counter and the current span."""

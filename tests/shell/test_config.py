@@ -43,6 +43,12 @@ def test_bad_values_name_their_source(argv: list[str], env: dict[str, str],
         load("broker", OPTIONS, argv, environ=env)
 
 
+def test_choices_are_case_insensitive() -> None:
+    """OFFERBUS_LOG_LEVEL=debug is what bus/log.py and the executors always took."""
+    v = load("broker", OPTIONS, ["--cluster", "x"], environ={"OFFERBUS_LOG_LEVEL": "debug"})
+    assert v["log_level"] == "DEBUG"
+
+
 def test_bad_files_are_refused_with_the_reason(tmp_path: Path) -> None:
     missing = tmp_path / "nope.toml"
     with pytest.raises(ConfigError, match="cannot read it"):

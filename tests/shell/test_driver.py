@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import pytest
-
 from services.bus.log import get_logger
 from services.bus.reactor import Reactor
 from services.notice import Notice
@@ -52,8 +50,8 @@ def test_commands_go_to_the_handler_of_their_type_or_a_base() -> None:
     driver, seen, _, _ = make()
     driver.dispatch([Say("a"), Loud("b")])
     assert seen == [Say("a"), Loud("b")]
-    with pytest.raises(TypeError, match="no handler for int"):
-        driver.dispatch([3])
+    driver.dispatch([3])  # no handler: a bug, logged and counted, never raised
+    assert "offerbus_test_command_errors_total 1.0" in driver.metrics.exposition().decode()
 
 
 def test_notices_are_counted_by_kind_and_level() -> None:
@@ -88,3 +86,40 @@ def test_one_timer_follows_the_core_deadline() -> None:
     clock[0] = 300.0
     reactor.run_once(0)
     assert seen[-1] == Say("due 105.0")  # detached: no timer fires
+
+
+def test_a_failing_handler_does_not_drop_the_steps_other_commands() -> None:
+    """The core has already changed its state: every later command of the step (a publish,
+    a registry write) must still be carried out."""
+    driver, seen, _, metrics = make()
+
+    def boom(cmd: object) -> None:
+        raise RuntimeError("a bug in one handler")
+
+    driver.on(Loud, boom)
+    driver.dispatch([Say("before"), Loud("x"), Say("after")])
+    assert seen == [Say("before"), Say("after")]
+    assert "offerbus_test_command_errors_total 1.0" in metrics.exposition().decode()
+
+
+def test_a_step_stops_dispatching_once_the_core_is_detached() -> None:
+    """A handler that steps the service down (a fenced registry write) ends the step: a
+    deposed leader sends nothing more."""
+    driver, seen, _, _ = make()
+    core = Core([])
+    driver.attach(core)
+    driver.on(Loud, lambda c: driver.detach())
+    driver.step(lambda now: [Say("a"), Loud("step down"), Say("not sent")])
+    assert seen == [Say("a")]
+
+
+def test_context_set_for_a_step_is_cleared_after_it() -> None:
+    """What a shell sets for one step (its traceparent) must not leak into the next, e.g.
+    the timer's tick."""
+    driver, _, _, _ = make()
+    driver.step(lambda now: [], context="00-aa-bb-01")
+    assert driver.context == ""
+    inside: list[str] = []
+    driver.on(Loud, lambda c: inside.append(driver.context))
+    driver.step(lambda now: [Loud("x")], context="00-cc-dd-01")
+    assert inside == ["00-cc-dd-01"] and driver.context == ""
