@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -96,6 +97,19 @@ def spawn(run_dir: Path, name: str, argv: list[str], env: dict[str, str] | None 
     return proc.pid
 
 
+def agent_resources(spec: str, index: int) -> str:
+    """The resources of a local cluster's agent number `index` (from 0): its agents share
+    one machine, so each gets the ports range(s) of `spec` shifted past the previous agent's,
+    and no two tasks are given one host port."""
+    match = re.search(r"ports:\[([0-9,\s-]+)\]", spec)
+    if match is None or index == 0:
+        return spec
+    ranges = [tuple(int(x) for x in r.split("-")) for r in match.group(1).split(",")]
+    shift = index * (max(hi for _, hi in ranges) - min(lo for lo, _ in ranges) + 1)
+    shifted = ",".join(f"{lo + shift}-{hi + shift}" for lo, hi in ranges)
+    return spec[:match.start()] + f"ports:[{shifted}]" + spec[match.end():]
+
+
 def _start_zookeeper(run_dir: Path) -> str:
     """This cluster's own ZooKeeper, on a free port (another cluster's may hold 2181)."""
     from infra.zookeeper import free_ports
@@ -147,7 +161,7 @@ def up(opts: UpOptions) -> str:
             name = f"agent-{i}"
             spawn(run_dir, name, [
                 "-m", "services.agent", *common, "--work-dir", str(run_dir / "agents" / name),
-                "--hostname", name, "--resources", opts.agent_resources,
+                "--hostname", name, "--resources", agent_resources(opts.agent_resources, i - 1),
                 "--attributes", f"rack:{RACKS[(i - 1) % len(RACKS)]}",
                 "--runtime", opts.runtime, *beat], env=traces)
         state = wait_ready(url, run_dir, opts.agents, opts.timeout, status)

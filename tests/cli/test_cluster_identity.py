@@ -38,3 +38,22 @@ def test_up_records_the_cluster_id_when_the_master_publishes_it(tmp_path: Path) 
     assert cluster.known_cluster_id(tmp_path) == ""  # no file, no cluster running here
     assert cluster.record_cluster_id(tmp_path, {"cluster_id": "c-42"}) == "c-42"
     assert cluster.known_cluster_id(tmp_path) == "c-42"
+
+
+def test_local_agents_get_disjoint_host_port_ranges() -> None:
+    """The agents of a local cluster share one machine: with one ports range for all, two
+    tasks on two agents were given the same host port and Docker refused the second
+    ("port is already allocated"), which then failed over and over."""
+    from services.cli.cluster import agent_resources
+    from services.resources import UNRESERVED, Resources
+
+    def ports_of(text: str) -> list[tuple[int, int]]:
+        return list(Resources.parse(text).ranges[("ports", UNRESERVED)])
+
+    spec = "cpus:4;mem:4096;disk:10240;ports:[31000-31999]"
+    ports = [ports_of(agent_resources(spec, i)) for i in range(3)]
+    assert ports[0] == [(31000, 31999)]
+    assert ports[1] == [(32000, 32999)] and ports[2] == [(33000, 33999)]
+    two = "cpus:1;ports:[100-109,200-209]"
+    assert ports_of(agent_resources(two, 1)) == [(210, 219), (310, 319)]
+    assert agent_resources("cpus:1;mem:64", 2) == "cpus:1;mem:64"  # no ports: unchanged
