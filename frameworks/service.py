@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -26,6 +27,12 @@ from services.resources import Resources
 
 logger = log.get_logger("framework.service")
 DECLINE_WHEN_IDLE_S = 5.0
+# An instance that fails again and again is restarted after a delay that doubles with each
+# failure in a row (0.5 s, 1 s, 2 s, ... up to the cap); one that ran RESTART_STABLE_S or
+# longer before it ended starts afresh.
+RESTART_BACKOFF_S = 0.5
+RESTART_BACKOFF_MAX_S = 60.0
+RESTART_STABLE_S = 30.0
 
 
 @dataclass
@@ -119,8 +126,19 @@ class Instance:
     state: str = ""
     attempts: int = 0
     healthy: bool | None = None  # the latest health report of the current attempt
-    unhealthy: int = 0  # health reports `healthy=false` in a row (current attempt)
     kill_sent: bool = False  # this framework asked to kill the current attempt
+    failures: int = 0  # attempts in a row that failed (see RESTART_*)
+    not_before: float = 0.0  # no new attempt before this time (monotonic clock)
+    running_since: float | None = None  # the current attempt's first RUNNING
+
+    def ended(self, failed: bool, now: float) -> None:
+        """The current attempt ended: when may the next one start?"""
+        stable = self.running_since is not None and now - self.running_since >= RESTART_STABLE_S
+        self.failures = 0 if not failed else 1 if stable else self.failures + 1
+        self.not_before = now + (min(RESTART_BACKOFF_MAX_S,
+                                     RESTART_BACKOFF_S * 2 ** (self.failures - 1))
+                                 if self.failures else 0.0)
+        self.running_since = None
 
     @property
     def live(self) -> bool:
@@ -173,12 +191,14 @@ class Plan:
 
 
 def plan(spec: ServiceSpec, instances: dict[int, Instance],
-         offers: list[common_pb2.Offer]) -> Plan:
+         offers: list[common_pb2.Offer], now: float = 0.0) -> Plan:
     """Which missing instances to launch on which offer, spreading them over hosts (each goes
     to the eligible offer whose host runs the fewest instances), each with its host ports
-    taken from the offer's free "ports" (so no host port is given twice)."""
-    missing = sorted(i for i in range(spec.instances)
-                     if i not in instances or not instances[i].live)
+    taken from the offer's free "ports" (so no host port is given twice). An instance
+    waiting out its restart delay (`not_before`, against `now`) is not launched yet."""
+    down = [i for i in range(spec.instances) if i not in instances or not instances[i].live]
+    waiting = [instances[i] for i in down if i in instances and instances[i].not_before > now]
+    missing = sorted(set(down) - {w.index for w in waiting})
     hosts = Counter(inst.hostname for inst in instances.values() if inst.live)
     unique_host = any(parse_constraint(c) == ("hostname", "unique") for c in spec.constraints)
     matches = [parse_constraint(c) for c in spec.constraints
@@ -220,8 +240,13 @@ def plan(spec: ServiceSpec, instances: dict[int, Instance],
         if spec.ports:
             out.ports[index] = host_ports(ports)
     out.declines = [o.offer_id for o in offers if o.offer_id not in out.launches]
-    out.why = "" if not missing else (f"{len(missing)} instance(s) not placed: "
-                                      + "; ".join(r for r, _ in reasons.most_common(3)))
+    why = [f"{len(missing)} instance(s) not placed: "
+           + "; ".join(r for r, _ in reasons.most_common(3))] if missing else []
+    if waiting:
+        first = min(waiting, key=lambda w: w.not_before)
+        why.append(f"{len(waiting)} instance(s) failing in a row: instance {first.index} "
+                   f"restarts in {first.not_before - now:.1f}s ({first.failures} failures)")
+    out.why = "; ".join(why)
     return out
 
 
@@ -298,9 +323,11 @@ class ServiceScheduler(Scheduler):
         driver.reconcile()  # learn the state of the instances we had (after a failover)
         self._want_offers(driver)
 
-    def offers(self, driver: SchedulerDriver, offers: list[common_pb2.Offer]) -> None:
+    def offers(self, driver: SchedulerDriver, offers: list[common_pb2.Offer],
+               now: float | None = None) -> None:
         with self.lock:
-            p = plan(self.spec, self.instances, offers)
+            p = plan(self.spec, self.instances, offers,
+                     time.monotonic() if now is None else now)
             why = p.why
             by_id = {o.offer_id: o for o in offers}
             for offer_id, indexes in p.launches.items():
@@ -313,7 +340,7 @@ class ServiceScheduler(Scheduler):
                     inst.task_id, inst.agent_id, inst.hostname = (task.task_id, offer.agent_id,
                                                                   offer.hostname)
                     inst.state = "TASK_STAGING"
-                    inst.healthy, inst.unhealthy, inst.kill_sent = None, 0, False
+                    inst.healthy, inst.kill_sent = None, False
                     self.by_task[task.task_id] = index
                     op.launch.tasks.append(task)
                 driver.accept([offer_id], [op], common_pb2.Filters(refuse_seconds=1.0),
@@ -329,7 +356,9 @@ class ServiceScheduler(Scheduler):
             self._want_offers(driver)
         self._write_status()
 
-    def update(self, driver: SchedulerDriver, status: common_pb2.TaskStatus) -> None:
+    def update(self, driver: SchedulerDriver, status: common_pb2.TaskStatus,
+               now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
         state = common_pb2.TaskState.Name(status.state)
         with self.lock:
             index = self.by_task.get(status.task_id)
@@ -345,28 +374,22 @@ class ServiceScheduler(Scheduler):
                 return  # an update of an older attempt
             inst.state = state
             if status.HasField("healthy"):
-                self._health(driver, inst, status.healthy)
+                inst.healthy = status.healthy  # the executor kills after N failed checks
+            if status.state == common_pb2.TASK_RUNNING and inst.running_since is None:
+                inst.running_since = now
             if task_states.is_terminal(status.state):
                 logger.info("instance ended", task=status.task_id, state=state,
                             reason=common_pb2.TaskStatus.Reason.Name(status.reason),
                             message=status.message)
+                inst.ended(failed=status.state != common_pb2.TASK_FINISHED
+                           and not inst.kill_sent, now=now)
+                if status.reason == common_pb2.TaskStatus.REASON_HEALTH_CHECK_FAILED:
+                    self.health_kills += 1
                 if index < self.spec.instances:
                     self.restarts += 1
                 self._want_offers(driver)
             self._scale_down(driver)
         self._write_status()
-
-    def _health(self, driver: SchedulerDriver, inst: Instance, healthy: bool) -> None:
-        """Count `healthy=false` reports in a row; at the spec's limit kill the instance
-        (the executor should have; an ended instance is then replaced as any other)."""
-        inst.healthy = healthy
-        inst.unhealthy = 0 if healthy else inst.unhealthy + 1
-        limit = self.spec.health_failures
-        if limit and inst.unhealthy >= limit and inst.live and not inst.kill_sent:
-            logger.warning("instance unhealthy: killing it", task=inst.task_id,
-                           reports=inst.unhealthy)
-            self._kill(driver, inst)
-            self.health_kills += 1
 
     def rescinded(self, driver: SchedulerDriver, offer_ids: list[str], reason: int) -> None:
         pass

@@ -199,6 +199,11 @@ class Resources:
         return not self.is_empty()
 
     # -- views -------------------------------------------------------------------------
+    def quantities(self) -> Resources:
+        """The scalars alone: what adds up across agents (port 31000 on two machines is two
+        ports, which ranges keyed by name alone cannot say)."""
+        return Resources(dict(self.scalars))
+
     def scalar(self, name: str) -> float:
         """Total of a scalar across roles, in its unit (cores, MiB)."""
         return sum(v for (n, _), v in self.scalars.items() if n == name) / MILLI

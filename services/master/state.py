@@ -108,7 +108,7 @@ class Framework:
     suppressed_roles: set[str] = field(default_factory=set)
     # Offers relayed to it and not yet used, declined or rescinded: id -> (agent, resources).
     offers: dict[str, tuple[str, Resources]] = field(default_factory=dict)
-    used: Resources = field(default_factory=Resources)
+    used: Resources = field(default_factory=Resources)  # quantities of its live tasks (all agents)
     tasks: set[str] = field(default_factory=set)  # non-terminal task ids
     completed: OrderedDict[str, None] = field(default_factory=OrderedDict)  # oldest first
 
@@ -412,7 +412,7 @@ class MasterState:
             self._complete(fw, task)
         else:
             fw.tasks.add(task.info.task_id)
-            fw.used += task.resources
+            fw.used += task.resources.quantities()
             agent = self.agents[task.agent_id]
             agent.tasks.add(task.key)
             agent.used += task.resources
@@ -455,7 +455,7 @@ class MasterState:
     def _release(self, task: Task) -> None:
         fw = self.frameworks[task.framework_id]
         fw.tasks.discard(task.info.task_id)
-        fw.used -= task.resources
+        fw.used -= task.resources.quantities()
         agent = self.agents.get(task.agent_id)
         if agent is not None and task.key in agent.tasks:
             agent.tasks.discard(task.key)
@@ -544,7 +544,7 @@ class MasterState:
             assert fw.framework_id == fid
             live = [self.tasks[(fid, t)] for t in fw.tasks]
             assert all(not tasks.is_terminal(t.state) for t in live)
-            assert fw.used.same(Resources.total(t.resources for t in live)), (fid, fw.used)
+            assert fw.used.same(Resources.total(t.resources.quantities() for t in live)), fid
             assert all(tasks.is_terminal(self.tasks[(fid, t)].state) for t in fw.completed)
             assert len(fw.completed) <= self.max_completed_tasks
             assert not fw.tasks & set(fw.completed)

@@ -90,31 +90,59 @@ def running(sched: ServiceScheduler, driver: Any, n: int) -> None:
     assert len(sched.instances) == n
 
 
-def test_an_instance_reporting_unhealthy_n_times_is_killed_and_replaced() -> None:
+def test_health_is_recorded_and_the_executors_health_kill_is_counted_and_replaced() -> None:
+    """The executor kills after N failed checks (it reports health only when it changes, so
+    the framework cannot count reports): the framework records health, counts the kill by
+    its reason, and replaces the instance. It never sends a kill of its own."""
     driver = FakeDriver()
     sched = ServiceScheduler(spec(instances=2, ports=[8080], health_cmd="false",
-                                  health_failures=3))
+                                  health_failures=2))
     running(sched, driver, 2)
     inst = sched.instances[0]
-
-    def health(ok: bool) -> None:
-        sched.update(driver, TS(task_id=inst.task_id, agent_id=inst.agent_id,
-                                state=common_pb2.TASK_RUNNING, healthy=ok,
+    for state, healthy in ((common_pb2.TASK_RUNNING, False), (common_pb2.TASK_KILLING, False)):
+        sched.update(driver, TS(task_id=inst.task_id, agent_id=inst.agent_id, state=state,
+                                healthy=healthy,
                                 reason=TS.REASON_TASK_HEALTH_CHECK_STATUS_UPDATED))
-
-    for ok in (False, False, True, False, False):  # a healthy report resets the count
-        health(ok)
-    assert not [c for c in driver.calls if c[0] == "kill"]
-    health(False)
-    assert [c for c in driver.calls if c[0] == "kill"] == [("kill", "web-0-1", "S-h1")]
-    health(False)  # already being killed: not killed again
-    assert len([c for c in driver.calls if c[0] == "kill"]) == 1
-    # The executor ends it (REASON_HEALTH_CHECK_FAILED): a new attempt on the next offer.
+    assert inst.healthy is False
+    assert not [c for c in driver.calls if c[0] == "kill"]  # the executor's to do
     sched.update(driver, TS(task_id="web-0-1", agent_id="S-h1", state=common_pb2.TASK_KILLED,
-                            reason=TS.REASON_HEALTH_CHECK_FAILED))
-    sched.offers(driver, [offer("o2", "h1", [(31100, 31199)])])
-    assert sched.instances[0].task_id == "web-0-2" and sched.instances[0].unhealthy == 0
-    assert sched.restarts == 1 and sched.health_kills == 1
+                            healthy=False, reason=TS.REASON_HEALTH_CHECK_FAILED))
+    assert sched.health_kills == 1 and sched.restarts == 1
+    sched.offers(driver, [offer("o2", "h1", [(31100, 31199)])], now=1e9)
+    assert sched.instances[0].task_id == "web-0-2" and sched.instances[0].healthy is None
+
+
+def test_a_crash_looping_instance_is_restarted_with_a_growing_delay() -> None:
+    """An instance that fails at once was relaunched on the very next offer: hundreds of
+    attempts a minute. Now each failure in a row doubles its delay (capped); one that ran
+    long enough starts afresh."""
+    from frameworks.service import RESTART_BACKOFF_MAX_S, RESTART_STABLE_S
+
+    driver = FakeDriver()
+    sched = ServiceScheduler(spec(instances=1, ports=[]))
+    now = 1000.0
+    delays = []
+    for attempt in range(1, 10):
+        sched.offers(driver, [offer(f"o{attempt}", "h1", [])], now=now)
+        inst = sched.instances[0]
+        assert inst.task_id == f"web-0-{attempt}"
+        sched.update(driver, TS(task_id=inst.task_id, agent_id="S-h1",
+                                state=common_pb2.TASK_FAILED), now=now)
+        wait = inst.not_before - now
+        delays.append(wait)
+        early = sched.offers(driver, [offer("early", "h1", [])], now=now + wait / 2)
+        assert sched.instances[0].task_id == inst.task_id, "relaunched before its delay"
+        assert "restarts in" in sched.pending_reason and early is None
+        now += wait
+    assert delays[:3] == [0.5, 1.0, 2.0] and delays[-1] == RESTART_BACKOFF_MAX_S
+    # An attempt that ran long enough resets the delay.
+    sched.offers(driver, [offer("o-stable", "h1", [])], now=now)
+    inst = sched.instances[0]
+    sched.update(driver, TS(task_id=inst.task_id, agent_id="S-h1",
+                            state=common_pb2.TASK_RUNNING), now=now)
+    sched.update(driver, TS(task_id=inst.task_id, agent_id="S-h1",
+                            state=common_pb2.TASK_FAILED), now=now + RESTART_STABLE_S)
+    assert inst.not_before - (now + RESTART_STABLE_S) == 0.5
 
 
 def test_the_masters_error_ends_the_framework() -> None:

@@ -157,6 +157,24 @@ def test_launch_for_a_disconnected_framework_is_refused() -> None:
     assert not only(cmds, ToFramework)
 
 
+def test_one_framework_may_use_the_same_host_port_on_two_agents() -> None:
+    """Port 31000 on agent 1 and port 31000 on agent 2 are two ports. The framework's `used`
+    summed them as one range, and ending the second task raised ValueError in the master
+    (seen: `offerbus stop` left a service's container running)."""
+    core = MasterCore("m1", 1, now=T0)
+    a1 = register(core, b"a1", res="cpus:4;mem:4096;ports:[31000-31999]")
+    a2 = register(core, b"a2", res="cpus:4;mem:4096;ports:[31000-31999]")
+    fid = subscribed(core, b"f1")
+    port = "cpus:1;mem:128;ports:[31000-31000]"
+    launch(core, fid, a1, "t1", res=port, rid="r1")
+    launch(core, fid, a2, "t2", res=port, rid="r2")
+    assert {t for (_, t) in core.tasks} == {"t1", "t2"}
+    update(core, b"a1", a1, fid, "t1", TS.TASK_FINISHED, uuid=b"1")
+    update(core, b"a2", a2, fid, "t2", TS.TASK_FINISHED, uuid=b"2")
+    assert core.frameworks[fid].used == Resources()
+    core.validate()
+
+
 def test_reserve_then_launch_on_the_reservation() -> None:
     core, aid, fid = cluster()
     res = Resources.parse("cpus:2", role="web")
