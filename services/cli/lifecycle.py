@@ -327,11 +327,15 @@ def cmd_stop(args: argparse.Namespace, console: Console) -> int:
             shown.show(teardown(url, args, fid, pid, console))
 
         poll = StatePoller(url, args.timeout)
+        unchecked: list[bool] = []
 
         def left() -> str | None:
             now_state = poll()
             still = fids & set(frameworks_named(now_state, name))
-            containers = _containers_of(fids, cluster_id, executors) or 0
+            containers = _containers_of(fids, cluster_id, executors)
+            if containers is None:  # no Docker engine here: say so, do not claim "gone"
+                unchecked.append(True)
+                containers = 0
             if not still and not containers:
                 return None
             return (f"{name}: {len(still)} framework(s) registered, {containers} "
@@ -344,8 +348,10 @@ def cmd_stop(args: argparse.Namespace, console: Console) -> int:
     for path in (spec, spec.with_suffix(".status.json")):
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
+    gone = ("its containers were not checked (no Docker engine reachable from here)"
+            if unchecked else "its containers gone")
     console.print(f"[green]{name} stopped[/]: framework {', '.join(sorted(fids)) or '-'} "
-                  f"removed, its containers gone, spec {spec} removed", highlight=False)
+                  f"removed, {gone}, spec {spec} removed", highlight=False)
     return 0
 
 

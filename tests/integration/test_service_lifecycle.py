@@ -26,7 +26,8 @@ from tests.e2e import Cluster, local_cluster_in
 from tests.waiting import wait_for
 
 IMAGE = "offerbus/busybox:latest"
-AGENT_RESOURCES = "cpus:4;mem:4096;disk:10240;ports:[31000-31999]"
+# Host ports apart from `offerbus up`'s (31000-33999): a `make run` cluster may publish those.
+AGENT_RESOURCES = "cpus:4;mem:4096;disk:10240;ports:[41000-41999]"
 SMALL = ("--cpus", "0.05", "--mem", "16")
 # Service names unique to this run: other tests on this Docker engine may run a "web".
 TAG = uuid.uuid4().hex[:6]
@@ -196,7 +197,7 @@ def test_ports_env_role_and_health_reach_the_container_and_the_listings(
         env = dict(e.split("=", 1) for e in inspect["Config"]["Env"])
         [binding] = inspect["HostConfig"]["PortBindings"]["8080/tcp"]
         host_port = int(binding["HostPort"])
-        assert 31000 <= host_port <= 31999
+        assert 41000 <= host_port <= 41999
         assert env["PORT0"] == env["PORT_8080"] == str(host_port) and env["MODE"] == "blue"
         [task] = [t for t in cluster_a.state()["tasks"]
                   if t["task_info"]["task_id"].startswith(f"{name}-")]
