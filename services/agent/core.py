@@ -390,7 +390,7 @@ class AgentCore:
 
     def _stop_command(self, ex: Executor) -> StopContainers:
         return StopContainers(ex.executor_id,
-                              executor_labels(self.cluster_id, self.agent_id, ex.executor_id))
+                              executor_labels(self.agent_id, ex.executor_id))
 
     def containers_stopped(self, executor_id: str, removed: Sequence[str], error: str,
                            now: float) -> list[Command]:

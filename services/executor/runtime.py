@@ -213,12 +213,11 @@ def offerbus_labels(agent_id: str, framework_id: str, task_id: str, executor_id:
     return labels
 
 
-def executor_labels(cluster_id: str, agent_id: str, executor_id: str) -> dict[str, str]:
-    """The labels that find the containers of one executor (of this agent, this cluster)."""
-    labels = {LABEL_AGENT: agent_id, LABEL_EXECUTOR: executor_id}
-    if cluster_id:
-        labels[LABEL_CLUSTER] = cluster_id
-    return labels
+def executor_labels(agent_id: str, executor_id: str) -> dict[str, str]:
+    """The labels that find the containers of one executor of this agent. Its id is unique
+    (a random suffix), so no cluster label is asked for: containers started before the agent
+    knew its cluster id carry none, and must be found too."""
+    return {LABEL_AGENT: agent_id, LABEL_EXECUTOR: executor_id}
 
 
 _NETWORKS: dict[int, Literal["bridge", "host", "none"]] = {
