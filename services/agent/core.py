@@ -104,12 +104,17 @@ class AgentCore:
             self.frameworks[fw.framework_id] = fw
         executors = {e.executor_id: e for e in state.executors}
         for t in state.tasks:
+            task_id = t.task_info.task_id
+            if self.updates.ended(t.framework_id, task_id):
+                continue  # its terminal update was acknowledged just before the crash
             info = executors.get(t.executor_id)
+            # The table is saved at launch; the task's later states are in the update log.
+            latest = self.updates.latest_state(t.framework_id, task_id)
             ex = Executor(t.executor_id, t.framework_id, t.task_info,
                           self.frameworks.get(t.framework_id, common_pb2.FrameworkInfo()),
                           launched_at=now, pid=info.pid if info else 0,
                           container_id=info.container_id if info else "",
-                          state=t.latest_status.state or TaskState.TASK_STAGING)
+                          state=latest or t.latest_status.state or TaskState.TASK_STAGING)
             self._add(ex)
         self._recovery_deadline = now + EXECUTOR_REREGISTRATION_TIMEOUT_S
 

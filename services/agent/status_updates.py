@@ -367,6 +367,10 @@ class StatusUpdateManager:
         stream = self.streams.get((framework_id, task_id))
         return stream.last_state if stream is not None else None
 
+    def ended(self, framework_id: str, task_id: str) -> bool:
+        """The task's terminal update was acknowledged (among the last ENDED_MEMORY)."""
+        return (framework_id, task_id) in self._ended
+
     # -- internals ------------------------------------------------------------------------
     def _reject(self, key: Key, status: TaskStatus, reason: str) -> list[Output]:
         self.counts["rejected"] += 1

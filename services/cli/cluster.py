@@ -6,6 +6,7 @@ the cluster's id (<run-dir>/cluster.id) naming what `down` may remove."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -93,8 +94,17 @@ def spawn(run_dir: Path, name: str, argv: list[str], env: dict[str, str] | None 
                             cwd=Path.cwd(), env=child_env)
     log.close()
     (_pids_dir(run_dir) / f"{name}.pid").write_text(str(proc.pid))
+    (_pids_dir(run_dir) / f"{name}.argv").write_text(json.dumps({"argv": argv,
+                                                                  "env": env or {}}))
     _children[(run_dir.resolve(), name)] = proc
     return proc.pid
+
+
+def respawn(run_dir: Path, name: str) -> int:
+    """Start process `name` of this run dir again, as `spawn` first started it (an agent
+    restarted on its machine from its work dir, a master back after a crash)."""
+    recorded = json.loads((_pids_dir(run_dir) / f"{name}.argv").read_text())
+    return spawn(run_dir, name, recorded["argv"], recorded["env"])
 
 
 def agent_resources(spec: str, index: int) -> str:

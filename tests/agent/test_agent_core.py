@@ -223,6 +223,56 @@ def test_restart_recovers_executors_without_relaunching() -> None:
     assert events == ["subscribed"]  # not launched again
 
 
+def test_restart_takes_task_states_from_the_update_log_not_the_last_saved_state() -> None:
+    """The executor table is checkpointed at launch; the task's later states are in the
+    status update log only. A restarted agent must know them: a task already RUNNING is not
+    sent a Launch when its executor re-subscribes (issue 10, defect 1: "bursts of launches")."""
+    core = AgentCore(info(), now=0.0)
+    registered(core)
+    ex_id = next(c for c in run_task(core, "t1") if isinstance(c, LaunchExecutor)).executor_id
+    [saved] = [c.state for c in core.executor_launched(ex_id, pid=4242)
+               if isinstance(c, SaveState)]
+    subscribe(core, ex_id)
+    update(core, ex_id, "t1", S.TASK_STARTING)
+    ack_all(core, 1.0)
+    update(core, ex_id, "t1", S.TASK_RUNNING)
+    assert saved.tasks[0].latest_status.state == S.TASK_STAGING  # what the disk holds
+
+    again = AgentCore(saved.agent_info, now=10.0, recovered=saved,
+                      records=core.updates.records())
+    again.validate()
+    assert again.executors[ex_id].state == S.TASK_RUNNING
+    rereg = again.master_detected(10.0)[0]
+    assert isinstance(rereg, ToMaster)
+    assert rereg.call.reregister.tasks[0].latest_status.state == S.TASK_RUNNING
+    events = [c.event.WhichOneof("event") for c in subscribe(again, ex_id)
+              if isinstance(c, ToExecutor)]
+    assert events == ["subscribed"]  # the executor acked its task long ago: no Launch
+
+
+def test_a_task_whose_end_was_acknowledged_before_a_crash_is_not_failed_after_it() -> None:
+    """The master acknowledged the terminal update, the agent logged the ack, and died before
+    saving its executor table: the restarted agent forgets the task (its executor exited, as
+    it should) instead of reporting it FAILED for an executor that never came back."""
+    core = AgentCore(info(), now=0.0)
+    registered(core)
+    ex_id = next(c for c in run_task(core, "t1") if isinstance(c, LaunchExecutor)).executor_id
+    [saved] = [c.state for c in core.executor_launched(ex_id, pid=4242)
+               if isinstance(c, SaveState)]
+    subscribe(core, ex_id)
+    done, _ = update(core, ex_id, "t1", S.TASK_FINISHED)
+    log = [*core.updates.records(), su.Acked(FW, "t1", done)]
+
+    again = AgentCore(saved.agent_info, now=10.0, recovered=saved, records=log)
+    again.validate()
+    assert ex_id not in again.executors
+    registered(again, 10.0)
+    assert not again.executor_exited(ex_id, 11.0)  # the pid watch sees it gone: nothing
+    forwarded = [u for t in (12.0, 30.0) for c in durable(again, again.tick(t), t)
+                 if isinstance(c, ToMaster) for u in c.call.status_updates.updates]
+    assert forwarded == []
+
+
 def test_executor_that_never_comes_back_after_restart_fails_its_task() -> None:
     core = AgentCore(info(), now=0.0)
     registered(core)
