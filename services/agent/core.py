@@ -203,7 +203,7 @@ class AgentCore:
             cmds = []
             for ex in [e for e in self.executors.values() if e.framework_id == fid]:
                 cmds += self.kill(fid, ex.task_id, None, now)
-            return cmds
+            return cmds + self._updates(self.updates.forget_framework(fid))
         if kind == "shutdown":
             cmds = []
             for ex in list(self.executors.values()):

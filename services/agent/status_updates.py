@@ -304,6 +304,19 @@ class StatusUpdateManager:
             heapq.heappop(heap)
         return None
 
+    def forget_framework(self, framework_id: str) -> list[Output]:
+        """The framework was removed: nobody will acknowledge its updates. Every stream of
+        it whose task has ended (terminal update durable) ends now, unacknowledged; a live
+        task's stream ends the same way once its terminal update is in (the master repeats
+        the removal in answer to each retry). Counted in `forgotten`."""
+        out: list[Output] = []
+        for key, stream in list(self.streams.items()):
+            if (key[0] == framework_id and tasks.is_terminal(stream.last_state)
+                    and all(p.durable for p in stream.pending)):
+                self.counts["forgotten"] += 1
+                out.append(self._end(stream))
+        return out
+
     def pause(self) -> None:
         """No master to talk to: stop forwarding (backoff does not grow meanwhile)."""
         self.paused = True

@@ -138,6 +138,31 @@ def test_executor_path_from_launch_to_finished() -> None:
     assert not core.executors and any(isinstance(c, SaveState) for c in cmds)
 
 
+def test_the_updates_of_a_removed_framework_end_instead_of_being_retried_forever() -> None:
+    """The master answers an update of a removed framework with ShutdownFramework, and no
+    one will ever acknowledge it: once the task has ended, its stream is dropped and the
+    executor forgotten (issue 10, defect 8: such streams were retried every 30 s forever)."""
+    core = AgentCore(info(), now=0.0)
+    registered(core)
+    ex_id = next(c for c in run_task(core, "t1") if isinstance(c, LaunchExecutor)).executor_id
+    subscribe(core, ex_id)
+    update(core, ex_id, "t1", S.TASK_RUNNING)
+    ack_all(core, 1.0)
+    shutdown = agent_pb2.AgentEvent()
+    shutdown.shutdown_framework.framework_id = FW
+    [kill] = durable(core, core.master_event(shutdown, 2.0), 2.0)
+    assert isinstance(kill, ToExecutor) and kill.event.WhichOneof("event") == "kill"
+    update(core, ex_id, "t1", S.TASK_KILLED, now=2.5)
+    [fwd] = [c for c in durable(core, core.tick(2.5), 2.5) if isinstance(c, ToMaster)]
+    assert [u.status.state for u in fwd.call.status_updates.updates] == [S.TASK_KILLED]
+    # Not acknowledged: the master answers the update with ShutdownFramework again.
+    cmds = durable(core, core.master_event(shutdown, 2.6), 2.6)
+    assert any(isinstance(c, SaveState) for c in cmds)
+    assert not core.executors and not core.updates.streams
+    assert core.next_deadline() is None
+    assert not [c for c in durable(core, core.tick(100.0), 100.0) if isinstance(c, ToMaster)]
+
+
 def test_kill_before_the_executor_subscribes_is_delivered_on_subscribe() -> None:
     core = AgentCore(info(), now=0.0)
     registered(core)

@@ -281,6 +281,7 @@ class StatusUpdateMachine(RuleBasedStateMachine):
         self.delivered: dict[str, list[bytes]] = defaultdict(list)
         self.fw_acked: set[bytes] = set()
         self.ended: set[str] = set()
+        self.forgotten: set[str] = set()  # ended unacknowledged: their framework was removed
         self.n = 0
 
     # -- plumbing -----------------------------------------------------------------------
@@ -368,6 +369,16 @@ class StatusUpdateMachine(RuleBasedStateMachine):
         assert self.mgr.counts["stale_acks"] == stale + 1
 
     @rule()
+    def framework_removed(self) -> None:
+        """The master says the framework is gone: ended tasks' streams end unacknowledged."""
+        for cmd in self.mgr.forget_framework(FW):
+            assert isinstance(cmd, su.StreamEnded)
+            last = self.sent[cmd.task_id][-1]
+            assert tasks.is_terminal(last.state) and self.durable(cmd.task_id, last.uuid)
+            self.forgotten.add(cmd.task_id)
+            self.ended.add(cmd.task_id)
+
+    @rule()
     def master_changes(self) -> None:
         self.handle(self.mgr.master_changed(self.now))
 
@@ -410,7 +421,7 @@ class StatusUpdateMachine(RuleBasedStateMachine):
                 break
         for task in TASKS:
             missing = [s.uuid for s in self.sent[task] if s.uuid not in self.delivered[task]]
-            assert not missing, f"{task}: lost {missing}"
+            assert not missing or task in self.forgotten, f"{task}: lost {missing}"
             assert not self.exec_unacked[task]
             if self.sent[task] and tasks.is_terminal(self.sent[task][-1].state):
                 assert task in self.ended
