@@ -119,23 +119,56 @@ def to_otlp_json(spans: Sequence[ReadableSpan]) -> str:
     return json.dumps(doc, separators=(",", ":"))
 
 
+# Trace files never grow without bound: each is rotated past MAX_FILE_BYTES (BACKUPS older
+# files kept), and a traces folder shared by many processes (executors come and go) is pruned
+# to MAX_FOLDER_BYTES, oldest files first, by each process that starts writing into it.
+MAX_FILE_BYTES = 32 << 20
+BACKUPS = 1
+MAX_FOLDER_BYTES = 512 << 20
+
+
+def backup_path(path: Path, n: int) -> Path:
+    """`svc-1.jsonl` -> `svc-1.<n>.jsonl` (still *.jsonl: readers see rotated files too)."""
+    return path.with_name(f"{path.stem}.{n}{path.suffix}")
+
+
 class OtlpJsonFileExporter(SpanExporter):
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, max_bytes: int = MAX_FILE_BYTES,
+                 backups: int = BACKUPS) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.max_bytes = max_bytes
+        self.backups = max(backups, 0)
         self._lock = threading.Lock()
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (kept open)
+        self._size = self._file.tell()
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         if not spans:
             return SpanExportResult.SUCCESS
-        line = to_otlp_json(spans)
+        line = to_otlp_json(spans) + "\n"
         with self._lock:
             if self._file.closed:
                 return SpanExportResult.FAILURE
-            self._file.write(line + "\n")
+            if self._size and self._size + len(line) > self.max_bytes:
+                self._rotate()
+            self._file.write(line)
             self._file.flush()
+            self._size += len(line)
         return SpanExportResult.SUCCESS
+
+    def _rotate(self) -> None:
+        self._file.close()
+        if self.backups == 0:
+            self.path.unlink(missing_ok=True)
+        else:
+            backup_path(self.path, self.backups).unlink(missing_ok=True)
+            for n in range(self.backups - 1, 0, -1):
+                if backup_path(self.path, n).exists():
+                    backup_path(self.path, n).rename(backup_path(self.path, n + 1))
+            self.path.rename(backup_path(self.path, 1))
+        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (kept open)
+        self._size = 0
 
     def shutdown(self) -> None:
         with self._lock:
@@ -143,6 +176,30 @@ class OtlpJsonFileExporter(SpanExporter):
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return True
+
+
+def prune_folder(folder: Path, *, max_bytes: int = MAX_FOLDER_BYTES,
+                 keep: Path | None = None) -> list[Path]:
+    """Remove the oldest *.jsonl files of `folder` (never `keep`) until the folder's trace
+    files take at most `max_bytes`; the removed paths, oldest first."""
+    files = []
+    for p in folder.glob("*.jsonl"):
+        try:
+            st = p.stat()
+        except FileNotFoundError:  # another process pruned or rotated it meanwhile
+            continue
+        files.append((st.st_mtime, p.name, p, st.st_size))
+    total = sum(size for *_, size in files)
+    removed: list[Path] = []
+    for _, _, p, size in sorted(files):
+        if total <= max_bytes:
+            break
+        if keep is not None and p == keep:
+            continue
+        p.unlink(missing_ok=True)
+        total -= size
+        removed.append(p)
+    return removed
 
 
 def read_spans(path: str | os.PathLike[str]) -> list[dict[str, Any]]:

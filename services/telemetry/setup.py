@@ -5,13 +5,17 @@ OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT, "console", "none"); in addition OFFERBUS_T
 names a file that receives OTLP JSON lines (`offerbus up` sets it per service). Sampling
 follows OTEL_TRACES_SAMPLER / OTEL_TRACES_SAMPLER_ARG (the SDK reads them).
 OFFERBUS_TRACES_DIR names a folder instead: each process writes `<service>-<pid>.jsonl`
-there (what `offerbus up` sets, so agents' executors never share a file)."""
+there (what `offerbus up` sets, so agents' executors never share a file). Files rotate past
+OFFERBUS_TRACES_MAX_BYTES and a folder is pruned to OFFERBUS_TRACES_DIR_MAX_BYTES (oldest
+files first) when a process starts writing into it (defaults: file_exporter.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import uuid
+from pathlib import Path
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -27,7 +31,12 @@ from opentelemetry.sdk.trace.export import (
 from opentelemetry.trace import Span
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from services.telemetry.file_exporter import OtlpJsonFileExporter
+from services.telemetry.file_exporter import (
+    MAX_FILE_BYTES,
+    MAX_FOLDER_BYTES,
+    OtlpJsonFileExporter,
+    prune_folder,
+)
 
 _propagator = TraceContextTextMapPropagator()
 _provider: TracerProvider | None = None
@@ -46,6 +55,15 @@ def _sdk_version() -> str:
     from opentelemetry.sdk.version import __version__
 
     return __version__
+
+
+def _env_bytes(name: str, default: int) -> int:
+    """A size limit from the environment; a missing or bad value means `default`."""
+    try:
+        value = int(os.environ.get(name, ""))
+    except ValueError:
+        return default
+    return value if value > 0 else default
 
 
 def setup(service: str, *, batch: bool = True, **resource: str) -> trace.Tracer:
@@ -81,8 +99,13 @@ def setup(service: str, *, batch: bool = True, **resource: str) -> trace.Tracer:
         folder = os.environ.get("OFFERBUS_TRACES_DIR")
         if folder and not path:
             path = os.path.join(folder, f"{service}-{os.getpid()}.jsonl")
+            with contextlib.suppress(OSError):  # tracing never stops a service
+                prune_folder(Path(folder), keep=Path(path), max_bytes=_env_bytes(
+                    "OFFERBUS_TRACES_DIR_MAX_BYTES", MAX_FOLDER_BYTES))
         if path:
-            provider.add_span_processor(processor(OtlpJsonFileExporter(path), delay_ms=500))
+            exporter = OtlpJsonFileExporter(
+                path, max_bytes=_env_bytes("OFFERBUS_TRACES_MAX_BYTES", MAX_FILE_BYTES))
+            provider.add_span_processor(processor(exporter, delay_ms=500))
         trace.set_tracer_provider(provider)
         _provider = provider
     return trace.get_tracer("offerbus." + service)

@@ -4,6 +4,7 @@ attributes), and traceparents carry a span's context from one process's span to 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from opentelemetry.sdk.resources import Resource
@@ -97,3 +98,36 @@ def test_direct_encoding_says_what_the_protobuf_encoding_says(tmp_path: Path) ->
         to_otlp_json_via_protobuf(spans)
     reference = time.perf_counter() - t
     print(f"direct {direct * 1e3 / 150:.3f} ms/span, protobuf {reference * 1e3 / 150:.3f} ms/span")
+
+
+def test_a_trace_file_is_rotated_and_its_folder_kept_within_its_budget(tmp_path: Path) -> None:
+    """Trace files never grow without bound (issue 10, defect 8): past `max_bytes` the file
+    is rotated to `<name>.1.jsonl` (older backups dropped), and readers still see every
+    file; a folder over its budget loses its oldest files first, never the live one."""
+    from services.telemetry.file_exporter import prune_folder
+
+    folder = tmp_path / "traces"
+    path = folder / "svc-1.jsonl"
+    provider = TracerProvider(resource=Resource.create({"service.name": "offerbus-test"}))
+    provider.add_span_processor(SimpleSpanProcessor(
+        OtlpJsonFileExporter(path, max_bytes=4096, backups=1)))
+    tracer = provider.get_tracer("t")
+    for i in range(200):
+        with tracer.start_as_current_span(f"s{i}", attributes={"pad": "x" * 100}):
+            pass
+    provider.shutdown()
+    files = sorted(p.name for p in folder.iterdir())
+    assert files == ["svc-1.1.jsonl", "svc-1.jsonl"], files
+    assert all(p.stat().st_size <= 4096 + 2048 for p in folder.iterdir())
+    names = [s["name"] for p in sorted(folder.glob("*.jsonl")) for s in read_spans(p)]
+    assert "s199" in names and "s0" not in names  # the newest kept, the oldest dropped
+
+    old = [folder / f"executor-{n}.jsonl" for n in range(5)]
+    for age, p in enumerate(old):
+        p.write_text("x" * 1000 + "\n")
+        os.utime(p, (1_000_000 + age, 1_000_000 + age))
+    budget = path.stat().st_size + (folder / "svc-1.1.jsonl").stat().st_size + 1001 + 10
+    removed = prune_folder(folder, max_bytes=budget, keep=path)
+    assert [p.name for p in removed] == ["executor-0.jsonl", "executor-1.jsonl",
+                                         "executor-2.jsonl", "executor-3.jsonl"]
+    assert path.exists() and (folder / "executor-4.jsonl").exists()
