@@ -47,7 +47,7 @@ from services.bus.log import get_logger
 from services.bus.mailbox import Mailbox
 from services.bus.peer import DealerClient, HeartbeatConfig, RouterServer
 from services.bus.reactor import Reactor
-from services.executor.runtime import LABEL_EXECUTOR, Logs, Stream, make_runtime
+from services.executor.runtime import LABEL_EXECUTOR, Logs, Stream, make_runtime, tail_file
 from services.procs import pid_alive
 from services.resources import Resources
 from services.shell.http import Response, json_response
@@ -348,10 +348,8 @@ class AgentShell(ServiceKit):
         path = sandboxes[-1] / stream
         if not path.exists():
             raise LookupError(f"task {task_id} left no {stream} (it may not have started)")
-        data = path.read_bytes()
-        if tail_lines:
-            data = b"".join(data.splitlines(keepends=True)[-tail_lines:])
-        return data[-limit:], len(data) > limit
+        logs = tail_file(path, tail_lines or None, limit)  # never the whole file in memory
+        return logs.data, logs.truncated
 
     # -- commands, by type ----------------------------------------------------------------
     def _run(self, cmds: list[Command]) -> None:

@@ -29,7 +29,7 @@ from services.executor.runtime import (
     Logs,
     RuntimeFailure,
     Stream,
-    clip,
+    clip_stream,
 )
 
 log = get_logger("executor.docker")
@@ -132,15 +132,19 @@ class DockerRuntime:
     # -- logs / find / remove ------------------------------------------------------------
     def logs(self, handle: Handle, stream: Stream, tail_lines: int | None = None,
              max_bytes: int = 1 << 20) -> Logs:
+        """Streamed from the engine: only the wanted tail is ever held in memory."""
         try:
-            data = self.api.logs(handle.container_id, stdout=stream == "stdout",
-                                 stderr=stream == "stderr", stream=False,
-                                 tail="all" if tail_lines is None else tail_lines + 1)
+            chunks = self.api.logs(handle.container_id, stdout=stream == "stdout",
+                                   stderr=stream == "stderr", stream=True, follow=False,
+                                   tail="all" if tail_lines is None else tail_lines + 1)
+            try:
+                return clip_stream(chunks, tail_lines, max_bytes)
+            finally:
+                chunks.close()
         except NotFound:
             return Logs(b"", False)
         except (DockerException, requests.RequestException) as exc:
             raise RuntimeFailure(_explain(exc)) from exc
-        return clip(bytes(data), tail_lines, max_bytes)
 
     def find(self, labels: Mapping[str, str]) -> list[Handle]:
         try:

@@ -28,7 +28,7 @@ from services.executor.runtime import (
     Logs,
     RuntimeFailure,
     Stream,
-    clip,
+    tail_file,
 )
 from services.procs import pid_alive, start_time
 
@@ -139,18 +139,7 @@ class ProcessRuntime:
     # -- logs / find / remove ------------------------------------------------------------
     def logs(self, handle: Handle, stream: Stream, tail_lines: int | None = None,
              max_bytes: int = 1 << 20) -> Logs:
-        path = Path(handle.sandbox) / stream
-        try:
-            with open(path, "rb") as f:
-                size = f.seek(0, os.SEEK_END)
-                # Lines are counted in what we read; read enough for the byte cap.
-                start = max(0, size - max_bytes - 1)
-                f.seek(start)
-                data = f.read()
-        except OSError:
-            return Logs(b"", False)
-        out = clip(data, tail_lines, max_bytes)
-        return Logs(out.data, out.truncated or start > 0)
+        return tail_file(Path(handle.sandbox) / stream, tail_lines, max_bytes)
 
     def find(self, labels: Mapping[str, str]) -> list[Handle]:
         found = []

@@ -3,7 +3,8 @@ needs from a container engine, the shared value types, and ContainerSpec built f
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import os
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol, TypeAlias, runtime_checkable
@@ -196,6 +197,30 @@ def clip(data: bytes, tail_lines: int | None, max_bytes: int) -> Logs:
     if len(data) > max_bytes:
         data, truncated = data[len(data) - max_bytes:], True
     return Logs(data, truncated)
+
+
+def clip_stream(chunks: Iterable[bytes], tail_lines: int | None, max_bytes: int) -> Logs:
+    """`clip` of a stream read chunk by chunk, holding only its last `max_bytes` + 1 bytes
+    (a log of any size; the answer never holds more, lines included)."""
+    buf = BoundedBuffer(max(max_bytes, 0) + 1)  # one byte more tells "truncated" apart
+    for chunk in chunks:
+        buf.write(chunk)
+    out = clip(buf.bytes(), tail_lines, max_bytes)
+    return Logs(out.data, out.truncated or buf.truncated)
+
+
+def tail_file(path: str | os.PathLike[str], tail_lines: int | None, max_bytes: int) -> Logs:
+    """`clip` of a file, reading only its end (a missing file: no logs)."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            start = max(0, size - max_bytes - 1)  # one byte more tells "truncated" apart
+            f.seek(start)
+            data = f.read(size - start)
+    except OSError:
+        return Logs(b"", False)
+    out = clip(data, tail_lines, max_bytes)
+    return Logs(out.data, out.truncated or start > 0)
 
 
 def container_name(executor_id: str) -> str:

@@ -89,6 +89,27 @@ def test_logs_tail_and_byte_cap(rt: Harness) -> None:
     assert whole.data.count(b"\n") == 5 and not whole.truncated
 
 
+def test_the_tail_of_a_huge_log_is_read_in_bounded_memory(rt: Harness) -> None:
+    """A task that wrote 16 MiB: asking for its last 4 KiB never holds the whole log in
+    memory (issue 10, defect 3: docker logs were read whole, on every request)."""
+    import tracemalloc
+
+    handle = rt.runtime.start(rt.spec(
+        "dd if=/dev/zero bs=65536 count=256 2>/dev/null | tr '\\0' a; echo; echo last-line"))
+    assert rt.runtime.wait(handle, WAIT_S) is not None
+    wait_for(lambda: rt.runtime.logs(handle, "stdout", max_bytes=64).data.endswith(
+        b"last-line\n"), 10.0, message="the log never ended with its last line")
+    tracemalloc.start()
+    try:
+        logs = rt.runtime.logs(handle, "stdout", max_bytes=4096)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(logs.data) == 4096 and logs.truncated
+    assert logs.data.endswith(b"a\nlast-line\n")
+    assert peak < 4 << 20, f"reading a 4 KiB tail of a 16 MiB log peaked at {peak >> 20} MiB"
+
+
 def test_exit_code(rt: Harness) -> None:
     handle = rt.runtime.start(rt.spec("exit 3"))
     info = rt.runtime.wait(handle, WAIT_S)
