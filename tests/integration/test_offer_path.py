@@ -126,6 +126,8 @@ def test_a_failing_command_reports_its_exit_code(cluster: Cluster) -> None:
                  message=lambda: f"states: {[u.state for u in rec.updates['exit-1']]}")
         last = rec.last("exit-1")
         assert last is not None and last.exit_code == 1 and "1" in last.message
+        # Its output outlives its container: read from the sandbox, through the CLI.
+        assert "boom" in cluster.cli("logs", "exit-1", "--stderr", "--tail", "5")
     finally:
         stop(driver)
 
