@@ -314,14 +314,40 @@ class ServiceScheduler(Scheduler):
         self.restarts = 0
         self.health_kills = 0
         self.removed = ""  # the master's final Error (e.g. removed by the operator)
+        self.framework_id = ""  # kept in the status file: a restarted process fails over
         self.finished = threading.Event()
         self.lock = threading.Lock()
+
+    def recover(self, doc: dict[str, Any]) -> str:
+        """Take over from an earlier process of this service (its status file `doc`): its
+        framework id (returned), and its instances as it last saw them, each to be
+        reconciled. They count as placed meanwhile, so nothing is launched twice."""
+        for key, t in dict(doc.get("tasks", {})).items():
+            index, attempt = _index_of(self.spec.name, str(t.get("task_id", "")))
+            if index is None or index != int(key):
+                continue
+            self.instances[index] = Instance(index, task_id=t["task_id"],
+                                             hostname=str(t.get("host", "")),
+                                             agent_id=str(t.get("agent_id", "")),
+                                             state=str(t.get("state", "")), attempts=attempt)
+            self.by_task[t["task_id"]] = index
+        self.framework_id = str(doc.get("framework_id", ""))
+        return self.framework_id
 
     def subscribed(self, driver: SchedulerDriver, framework_id: str,
                    master_info: MasterInfo) -> None:
         logger.info("subscribed", framework=framework_id, master=master_info.master_id)
-        driver.reconcile()  # learn the state of the instances we had (after a failover)
+        with self.lock:
+            self.framework_id = framework_id
+            known = [(i.task_id, i.agent_id) for i in self.instances.values()
+                     if i.task_id and i.live]
+        # Learn the state of the instances we had (after a failover, or a restart of this
+        # process): each one we know by name, then every task the master knows of us.
+        if known:
+            driver.reconcile(known)
+        driver.reconcile()
         self._want_offers(driver)
+        self._write_status()
 
     def offers(self, driver: SchedulerDriver, offers: list[common_pb2.Offer],
                now: float | None = None) -> None:
@@ -363,15 +389,20 @@ class ServiceScheduler(Scheduler):
         with self.lock:
             index = self.by_task.get(status.task_id)
             if index is None:
-                index = _index_of(self.spec.name, status.task_id)
+                index, attempt = _index_of(self.spec.name, status.task_id)
                 if index is None:
                     return
                 inst = self.instances.setdefault(index, Instance(index))
+                if attempt < inst.attempts:
+                    return  # an update of an older attempt
                 inst.task_id, inst.agent_id = status.task_id, status.agent_id
+                inst.attempts = attempt  # the next attempt gets a new task id
                 self.by_task[status.task_id] = index
             inst = self.instances[index]
             if inst.task_id != status.task_id:
                 return  # an update of an older attempt
+            if status.agent_id:
+                inst.agent_id = status.agent_id
             inst.state = state
             if status.HasField("healthy"):
                 inst.healthy = status.healthy  # the executor kills after N failed checks
@@ -433,22 +464,26 @@ class ServiceScheduler(Scheduler):
             return
         with self.lock:
             doc = {"name": self.spec.name, "instances": self.spec.instances,
+                   "framework_id": self.framework_id,
                    "states": Counter(i.state for i in self.instances.values()),
                    "pending_reason": self.pending_reason, "restarts": self.restarts,
                    "health_kills": self.health_kills, "removed": self.removed,
                    "tasks": {i.index: {"task_id": i.task_id, "state": i.state,
-                                       "host": i.hostname, "healthy": i.healthy}
+                                       "host": i.hostname, "agent_id": i.agent_id,
+                                       "healthy": i.healthy}
                              for i in self.instances.values()}}
         tmp = self.status_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(doc, indent=2, sort_keys=True))
         os.replace(tmp, self.status_path)
 
 
-def _index_of(name: str, task_id: str) -> int | None:
+def _index_of(name: str, task_id: str) -> tuple[int | None, int]:
+    """(instance index, attempt) of a task id `<name>-<index>-<attempt>`; (None, 0) if it
+    is not one of this service's."""
     parts = task_id.rsplit("-", 2)
-    if len(parts) == 3 and parts[0] == name and parts[1].isdigit():
-        return int(parts[1])
-    return None
+    if len(parts) == 3 and parts[0] == name and parts[1].isdigit() and parts[2].isdigit():
+        return int(parts[1]), int(parts[2])
+    return None, 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -463,9 +498,20 @@ def main(argv: list[str] | None = None) -> int:
     log.configure("framework")
     spec = ServiceSpec(**json.loads(args.spec.read_text()))
     spec.check()
-    scheduler = ServiceScheduler(spec, args.spec.with_suffix(".status.json"))
+    status_path = args.spec.with_suffix(".status.json")
+    scheduler = ServiceScheduler(spec, status_path)
     info = common_pb2.FrameworkInfo(name=spec.name, role=spec.role or "*", principal=spec.name,
                                     failover_timeout_s=args.failover_timeout)
+    try:  # an earlier process of this service: fail over to its framework, keep its tasks
+        info.framework_id = scheduler.recover(json.loads(status_path.read_text()))
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        logger.warning("status file unreadable: subscribing as a new framework",
+                       path=str(status_path), error=repr(exc))
+    if info.framework_id:
+        logger.info("failing over", framework=info.framework_id,
+                    instances=len(scheduler.instances))
     info.capabilities.append(common_pb2.FrameworkInfo.CAPABILITY_PARTITION_AWARE)
     driver = SchedulerDriver(scheduler, info, args.cluster)
     stop = threading.Event()

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from frameworks.sdk.scheduler import MasterInfo
 from frameworks.service import Instance, ServiceScheduler, ServiceSpec, plan, task_info
 from schemas import common_pb2
 from services.resources import Resources
@@ -150,6 +151,40 @@ def test_the_masters_error_ends_the_framework() -> None:
     assert not sched.finished.is_set()
     sched.error(FakeDriver(), "framework fw-1 removed by the operator")
     assert sched.finished.is_set() and "removed" in sched.removed
+
+
+def test_a_restarted_process_takes_over_its_instances_and_launches_none_twice(
+        tmp_path: Any) -> None:
+    """A new process of the service reads the last one's status file: it fails over to its
+    framework id, reconciles each instance it knew, launches nothing for instances that may
+    still run, and gives the next attempt of an instance reported lost a new task id."""
+    import json
+
+    driver = FakeDriver()
+    first = ServiceScheduler(spec(instances=2, ports=[]), tmp_path / "web.status.json")
+    first.subscribed(driver, "fw-1", MasterInfo("m1", 1, 1000))
+    running(first, driver, 2)
+    first.update(driver, TS(task_id="web-1-1", agent_id="S-h1", state=common_pb2.TASK_FAILED))
+    first.offers(driver, [offer("o2", "h1", [])], now=1e9)
+    assert first.instances[1].task_id == "web-1-2"
+
+    driver = FakeDriver()
+    again = ServiceScheduler(spec(instances=2, ports=[]), tmp_path / "web.status.json")
+    assert again.recover(json.loads((tmp_path / "web.status.json").read_text())) == "fw-1"
+    again.subscribed(driver, "fw-1", MasterInfo("m1", 1, 1000))
+    reconciles = [c[1] for c in driver.calls if c[0] == "reconcile" and len(c) > 1]
+    assert sorted(reconciles[0]) == [("web-0-1", "S-h1"), ("web-1-2", "S-h1")]
+    assert ("reconcile",) in driver.calls  # and implicitly, every task the master knows
+    assert again.offers(driver, [offer("o3", "h1", [])], now=1e9) is None
+    assert not [c for c in driver.calls if c[0] == "accept"], "launched twice"
+    # The master answers: one still runs, the other is unknown to it (lost).
+    again.update(driver, TS(task_id="web-0-1", agent_id="S-h1", state=common_pb2.TASK_RUNNING))
+    again.update(driver, TS(task_id="web-1-2", agent_id="S-h1", state=common_pb2.TASK_UNKNOWN))
+    again.offers(driver, [offer("o4", "h1", [])], now=2e9)
+    assert again.instances[1].task_id == "web-1-3" and again.instances[0].task_id == "web-0-1"
+    # A late update of an attempt older than the one it recovered changes nothing.
+    again.update(driver, TS(task_id="web-1-1", agent_id="S-h1", state=common_pb2.TASK_RUNNING))
+    assert again.instances[1].task_id == "web-1-3"
 
 
 @settings(max_examples=150, deadline=None)
