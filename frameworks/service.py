@@ -430,6 +430,14 @@ class ServiceScheduler(Scheduler):
         the driver stops and does not re-subscribe; main() ends the process."""
         logger.info("framework ended by the master", name=self.spec.name, message=message)
         self.removed = message or "error without a message"
+        if "subscribe without an id" in message:
+            # Removed while no process of this service ran (its failover timeout passed,
+            # its tasks were killed): forget it, so the next start subscribes afresh.
+            with self.lock:
+                self.framework_id = ""
+                self.instances.clear()
+                self.by_task.clear()
+            self._write_status()
         self.finished.set()
 
     def set_instances(self, driver: SchedulerDriver, n: int) -> None:

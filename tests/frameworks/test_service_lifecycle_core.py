@@ -186,6 +186,13 @@ def test_a_restarted_process_takes_over_its_instances_and_launches_none_twice(
     again.update(driver, TS(task_id="web-1-1", agent_id="S-h1", state=common_pb2.TASK_RUNNING))
     assert again.instances[1].task_id == "web-1-3"
 
+    # Had the master removed the framework meanwhile, the next start subscribes afresh.
+    late = ServiceScheduler(spec(instances=2, ports=[]), tmp_path / "web.status.json")
+    late.recover(json.loads((tmp_path / "web.status.json").read_text()))
+    late.error(driver, "framework fw-1 was removed; subscribe without an id")
+    doc = json.loads((tmp_path / "web.status.json").read_text())
+    assert doc["framework_id"] == "" and doc["tasks"] == {} and late.finished.is_set()
+
 
 @settings(max_examples=150, deadline=None)
 @given(ranges=st.lists(st.tuples(st.integers(31000, 31100), st.integers(0, 6)), min_size=1,
