@@ -81,8 +81,9 @@ class Reactor:
 
     # -- loop --------------------------------------------------------------------------
     def run_once(self, max_wait: float = 1.0) -> None:
-        """Wait for I/O or the next timer (at most `max_wait` s), then dispatch."""
-        self._run_due_timers()
+        """Wait for I/O or the next timer (at most `max_wait` s), then dispatch: readers
+        first, then due timers, so after a stall a timer judges (say, a peer's liveness) only
+        once what arrived meanwhile (its heartbeats) was read."""
         wait = max_wait
         if self._timers:
             wait = max(0.0, min(wait, self._timers[0].when - self.clock()))

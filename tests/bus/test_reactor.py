@@ -35,3 +35,26 @@ def test_a_failing_handler_timer_or_idle_hook_does_not_stop_the_loop() -> None:
     assert seen == ["beat 1.0", "beat 2.0"]  # the periodic timer still runs
     os.close(r)
     os.close(w)
+
+
+def test_after_a_stall_what_arrived_is_read_before_timers_judge_it() -> None:
+    """A stalled loop wakes with heartbeats queued and a liveness timer overdue: the reader
+    runs first, so the timer sees the heartbeats (issue 10, defect 3: the timer fired first
+    and declared live peers gone)."""
+    clock = [0.0]
+    reactor = Reactor(clock=lambda: clock[0])
+    r, w = os.pipe()
+    order: list[str] = []
+
+    def read() -> None:
+        os.read(r, 64)
+        order.append("heartbeat read")
+
+    reactor.add_reader(r, read)
+    reactor.call_at(1.0, lambda: order.append("liveness timer"))
+    os.write(w, b"beat")  # arrived during the stall
+    clock[0] = 6.0  # the loop was stalled for 6 s
+    reactor.run_once(0)
+    assert order == ["heartbeat read", "liveness timer"]
+    os.close(r)
+    os.close(w)
