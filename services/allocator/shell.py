@@ -78,7 +78,8 @@ class AllocatorShell(ServiceKit):
                                   (self.brokers, self._on_broker)):
             self.reactor.add_reader(detector, handler)
             detector.start()
-        self.join_election(config.election_url, lead=self._lead, step_down=self._step_down)
+        self.join_election(config.election_url, lead=self._lead, pause=self._pause,
+                           resume=self._resume, step_down=self._step_down)
         log.info("allocator started", id=config.allocator_id, **self.endpoints)
 
     # -- leadership ----------------------------------------------------------------------
@@ -100,12 +101,30 @@ class AllocatorShell(ServiceKit):
         self._point_at_broker()
         log.info("leading", epoch=epoch)
 
-    def _step_down(self, reason: str) -> None:
-        """Stop acting at once: drop the core (the next leader rebuilds its own)."""
+    def _pause(self, reason: str) -> None:
+        """Allocate nothing and send nothing; keep the core, which goes on following the
+        state stream and the broker's recoveries (learning is not acting)."""
+        self._cancel_timers()
+
+    def _resume(self, epoch: int) -> None:
+        """The same reign goes on: the sweep again, and a cycle at once (after a hello, the
+        broker may have missed some)."""
+        self._sweep = self.reactor.every(self.config.interval, self._allocate)
+        if self.dealer is not None and self.dealer.connected:
+            self._on_broker_connected()
+        else:
+            self._schedule()
+        log.info("resumed", epoch=epoch)
+
+    def _cancel_timers(self) -> None:
         for timer in (self._batch, self._sweep, self._refilter):
             if timer is not None:
                 timer.cancel()
         self._batch = self._sweep = self._refilter = None
+
+    def _step_down(self, reason: str) -> None:
+        """Stop acting at once: drop the core (the next leader rebuilds its own)."""
+        self._cancel_timers()
         if self.subscriber is not None:
             self.subscriber.close()
         if self.dealer is not None:
@@ -175,7 +194,10 @@ class AllocatorShell(ServiceKit):
 
     def _on_broker_connected(self) -> None:
         # A hello (empty Allocations): lets the broker learn our peer and epoch before we
-        # have anything to allocate; then a cycle, as the broker may have missed some.
+        # have anything to allocate; then a cycle, as the broker may have missed some. A
+        # paused reign says it on resume.
+        if self.paused:
+            return
         self._send(internal_pb2.InternalMessage(allocations=internal_pb2.InternalMessage
                                                 .Allocations()))
         self._told.clear()
@@ -234,7 +256,7 @@ class AllocatorShell(ServiceKit):
     # -- allocation ----------------------------------------------------------------------
     def _schedule(self) -> None:
         """One allocation within `batch` seconds, however many events come meanwhile."""
-        if self._batch is None and self.core is not None:
+        if self._batch is None and self.core is not None and not self.paused:
             self._batch = self.reactor.call_later(self.config.batch, self._allocate)
 
     def _allocate(self) -> None:
@@ -242,7 +264,7 @@ class AllocatorShell(ServiceKit):
             self._batch.cancel()
             self._batch = None
         core, dealer = self.core, self.dealer
-        if core is None or dealer is None or self.subscriber is None:
+        if core is None or dealer is None or self.subscriber is None or self.paused:
             return
         if not (dealer.connected and self.subscriber.synced):
             return  # allocations nobody would receive would only be lost
@@ -303,7 +325,7 @@ class AllocatorShell(ServiceKit):
         if self._refilter is not None:
             self._refilter.cancel()
             self._refilter = None
-        if ends is not None and ends - now < self.config.interval:
+        if ends is not None and ends - now < self.config.interval and not self.paused:
             self._refilter = self.reactor.call_later(ends - now + 0.001, self._allocate)
 
     def _account(self, cycle: Cycle, now: float) -> None:
@@ -315,7 +337,7 @@ class AllocatorShell(ServiceKit):
 
     # -- outbound ------------------------------------------------------------------------
     def _send(self, msg: internal_pb2.InternalMessage) -> None:
-        if self.dealer is None:
+        if self.dealer is None or self.paused:
             return
         env = codec.Envelope()
         env.internal.CopyFrom(msg)

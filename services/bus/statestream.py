@@ -29,6 +29,7 @@ from services.bus.stream_core import (
     RequestSnapshot,
     StateEntry,
     SubscriberCore,
+    entry_size,
 )
 
 log = get_logger("bus.statestream")
@@ -69,21 +70,35 @@ class StatePublisher:
         return self.core.store
 
     def restart(self, epoch: int, entries: Iterable[StateEntry]) -> None:
-        """Lead afresh at `epoch` with this state (seq restarts; subscribers see the new epoch
-        on the next delta or heartbeat and re-snapshot)."""
-        self.core = PublisherCore(epoch, self.frame_limit)
-        self.core.apply(entries)
+        """Lead afresh at `epoch` with this state. Subscribers see the new epoch on the next
+        delta or heartbeat and re-snapshot; at the same epoch (a reign that was not resumed)
+        the sequence jumps ahead instead of restarting, with the same effect."""
+        self.core = self.core.successor(epoch, entries)
         self.active = True
         self._tick_now()
 
     def deactivate(self) -> None:
-        """Stop publishing and serving snapshots (stepped down)."""
+        """Stop publishing, beating and serving snapshots (stepped down, or paused: the
+        store and the sequence are kept, and `resume` goes on from them)."""
         self.active = False
+
+    pause = deactivate
+
+    def resume(self) -> None:
+        """The paused reign goes on: beat at once, so subscribers know it is alive."""
+        self.active = True
+        self._tick_now()
 
     def publish(self, entries: Iterable[StateEntry]) -> None:
         if not self.active:
             raise RuntimeError("publish on an inactive (stepped-down) publisher")
-        for delta in self.core.apply(entries):
+        deltas, too_large = self.core.publish(entries)
+        for entry in too_large:
+            # Refused here, where it is produced, and the stream goes on without it.
+            self.stats.inc("state_entries_refused{reason=too_large}")
+            log.error("state entry too large for a frame: not published", key=entry.key,
+                      bytes=entry_size(entry), limit=self.core.max_bytes)
+        for delta in deltas:
             env = codec.Envelope()
             env.state_delta.CopyFrom(delta)
             self._send(env)
@@ -91,7 +106,14 @@ class StatePublisher:
 
     def _send(self, env: codec.Envelope) -> None:
         self.sender.stamp(env)
-        self.pub.send(codec.encode(env, self.frame_limit), copy=False)
+        try:
+            frame = codec.encode(env, self.frame_limit)
+        except codec.FrameTooLarge as exc:  # never raised into the leader's reactor
+            # Subscribers see the gap in the sequence and re-snapshot.
+            self.stats.inc("frames_unsent{reason=too_large}")
+            log.error("state delta too large to send", error=str(exc))
+            return
+        self.pub.send(frame, copy=False)
         self._last_sent = self.reactor.now()
 
     def _tick(self) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,7 +92,8 @@ class MasterShell(ServiceKit):
         self._register_metrics()
         self._register_handlers()
         self.reactor.on_idle(self._flush)
-        self.join_election(config.election_url, lead=self._lead, step_down=self._step_down)
+        self.join_election(config.election_url, lead=self._lead, pause=self._pause,
+                           resume=self._resume, step_down=self._step_down)
         log.info("master started", id=config.master_id, **self.endpoints)
 
     # -- leadership ----------------------------------------------------------------------
@@ -113,6 +115,20 @@ class MasterShell(ServiceKit):
                  recovered_agents=len((recovered or {}).get("agents", {})),
                  recovered_frameworks=len((recovered or {}).get("frameworks", {})))
 
+    def _pause(self, reason: str) -> None:
+        """Act on nothing (calls are held, no timer fires, the stream neither beats nor
+        serves snapshots) and keep everything: the same reign may resume."""
+        self.driver.detach()
+        self.publisher.pause()
+
+    def _resume(self, epoch: int) -> None:
+        """The same reign goes on: the same core, the stream from its sequence number; the
+        lifecycle then runs the calls held meanwhile, in order."""
+        assert self.core is not None
+        self.driver.attach(self.core)
+        self.publisher.resume()
+        log.info("resumed", epoch=epoch, held_publish=len(self._pending_publish))
+
     def _step_down(self, reason: str) -> None:
         self.driver.detach()
         self.core = None
@@ -127,6 +143,8 @@ class MasterShell(ServiceKit):
             self._reject(self.front, peer, bus_pb2.UNEXPECTED,
                          f"the master's front takes agent, scheduler and operator calls, "
                          f"not {kind}", env.message_id)
+            return
+        if self._held(self.front, peer, env, lambda: self._on_front(peer, env)):
             return
         core = self._core_or_reject(self.front, peer, env)
         if core is None:
@@ -146,6 +164,8 @@ class MasterShell(ServiceKit):
             self._reject(self.internal, peer, bus_pb2.UNEXPECTED,
                          "the internal endpoint is for the offer-broker and allocator",
                          env.message_id)
+            return
+        if self._held(self.internal, peer, env, lambda: self._on_internal(peer, env)):
             return
         core = self._core_or_reject(self.internal, peer, env)
         if core is None:
@@ -208,6 +228,19 @@ class MasterShell(ServiceKit):
                 spans.REASON: common_pb2.TaskStatus.Reason.Name(st.reason)
                 + (f": {st.message}" if st.message else "")}).end()
 
+    def _held(self, server: RouterServer, peer: bytes, env: codec.Envelope,
+              again: Callable[[], None]) -> bool:
+        """While the reign is paused: the call waits for it to resume (True), or is refused
+        NOT_LEADER when too many wait already."""
+        if not self.paused:
+            return False
+        if not self.held_while_paused(again):
+            self.stats.inc("calls_refused{reason=paused}")
+            self._reject(server, peer, bus_pb2.NOT_LEADER,
+                         f"master {self.config.master_id} is paused (its ZooKeeper session "
+                         "is in doubt); retry", env.message_id)
+        return True
+
     def _core_or_reject(self, server: RouterServer, peer: bytes,
                         env: codec.Envelope) -> MasterCore | None:
         if self.core is None:
@@ -217,6 +250,11 @@ class MasterShell(ServiceKit):
         return self.core
 
     def _on_peer_gone(self, peer: bytes) -> None:
+        if self.paused:
+            if not self.held_while_paused(lambda: self._on_peer_gone(peer)):
+                log.error("peer gone while paused, and too many calls held: not told to "
+                          "the core", peer=peer.decode(errors="replace"))
+            return
         core = self.core
         if core is not None:
             self.driver.step(lambda now: core.peer_gone(peer, now))
@@ -301,12 +339,13 @@ class MasterShell(ServiceKit):
             self.registry.store(document, self.sender.epoch)
         except StaleEpoch as exc:
             log.error("registry fenced: a newer master leads; stepping down", error=str(exc))
-            self._step_down("registry fenced")
             if self.leader is not None:
-                self.leader.epoch = None
+                self.leader.abdicate("registry fenced")  # and stand again, for a new epoch
+            else:
+                self._step_down("registry fenced")
 
     def _flush(self) -> None:
-        if self._pending_publish and self.core is not None:
+        if self._pending_publish and self.core is not None and not self.paused:
             entries, self._pending_publish = self._pending_publish, []
             self.publisher.publish(entries)
 
@@ -320,6 +359,7 @@ class MasterShell(ServiceKit):
                             json.dumps({"leading": False, "id": self.config.master_id}).encode())
         state: dict[str, Any] = {"master_id": self.config.master_id,
                                  "epoch": self.leader.epoch if self.leader else None,
+                                 "paused": self.paused,
                                  "cluster_id": self.core.cluster_id,
                                  "agents": [], "frameworks": [], "tasks": [], "roles": []}
         for entry in self.core.snapshot_entries():
