@@ -65,7 +65,10 @@ class AllocatorShell(ServiceKit):
         self.feed: StreamFeed | None = None
         self.subscriber: StateSubscriber | None = None
         self.dealer: DealerClient | None = None
+        # Acted on only from the elected broker and master, at their epochs, as our own
+        # detectors know them (services/bus/epoch.py).
         self.fence = EpochFence(frozenset({Role.Value("ROLE_BROKER")}))
+        self.master_fence = EpochFence(frozenset({Role.Value("ROLE_MASTER")}))
         self.broker_epoch = 0  # the broker epoch our core's offers belong to
         self._batch: Timer | None = None
         self._sweep: Timer | None = None
@@ -91,7 +94,7 @@ class AllocatorShell(ServiceKit):
         self.subscriber = StateSubscriber(
             self.reactor, self.ctx, self.sender, self._on_state,
             heartbeat_interval=self.config.heartbeat_interval, max_missed=self.config.max_missed,
-            stats=self.stats)
+            stats=self.stats, fence=self.master_fence)
         self.dealer = DealerClient(
             self.reactor, self.ctx, self.sender, self._on_broker_message,
             on_connected=self._on_broker_connected, heartbeat=self.beat, stats=self.stats,
@@ -138,6 +141,7 @@ class AllocatorShell(ServiceKit):
         for event in self.masters.events():
             if isinstance(event, LeaderChanged):
                 self.master = event.leader
+                self.master_fence.follow(Role.Value("ROLE_MASTER"), event.leader)
                 self._told.clear()  # a new master knows no decisions yet
                 log.info("master leader", leader=_who(event.leader))
                 self._point_at_master()
@@ -146,6 +150,7 @@ class AllocatorShell(ServiceKit):
         for event in self.brokers.events():
             if isinstance(event, LeaderChanged):
                 self.broker = event.leader
+                self.fence.follow(Role.Value("ROLE_BROKER"), event.leader)
                 log.info("broker leader", leader=_who(event.leader))
                 self._point_at_broker()
 
@@ -165,7 +170,6 @@ class AllocatorShell(ServiceKit):
         if b is None or "router" not in b.endpoints:
             self.dealer.disconnect()
             return
-        self.fence.observe(Role.Value("ROLE_BROKER"), b.epoch)
         if b.epoch != self.broker_epoch:
             # A new broker has an empty offer table: every offer we counted is gone (the
             # master rescinds the old broker's offers by their id prefix).

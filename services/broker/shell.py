@@ -61,7 +61,10 @@ class BrokerShell(ServiceKit):
     def __init__(self, config: BrokerConfig, reactor: Reactor | None = None) -> None:
         super().__init__("broker", config.broker_id, Role.Value("ROLE_BROKER"), config, reactor)
         self.config = config
+        # Messages are acted on only from the elected allocator and master, at their epochs,
+        # as this broker's own detectors know them (services/bus/epoch.py).
         self.allocator_fence = EpochFence(frozenset({ALLOCATOR}))
+        self.allocators = detector_from_url(config.election_url, "allocator")
         self.router = RouterServer(
             self.reactor, self.ctx, f"tcp://{config.host}:{config.port or '*'}", self.sender,
             self._on_allocator, heartbeat=self.beat, stats=self.stats,
@@ -87,6 +90,8 @@ class BrokerShell(ServiceKit):
         self.reactor.on_idle(self._flush)
         self.reactor.add_reader(self.masters, self._on_master)
         self.masters.start()
+        self.reactor.add_reader(self.allocators, self._on_allocator_leader)
+        self.allocators.start()
         self.join_election(config.election_url, lead=self._lead, pause=self._pause,
                            resume=self._resume, step_down=self._step_down)
         log.info("broker started", id=config.broker_id, **self.endpoints)
@@ -106,7 +111,7 @@ class BrokerShell(ServiceKit):
         self.subscriber = StateSubscriber(
             self.reactor, self.ctx, self.sender, self._on_state,
             heartbeat_interval=self.config.heartbeat_interval, max_missed=self.config.max_missed,
-            stats=self.stats)
+            stats=self.stats, fence=self.master_fence)
         self._step(self.core.master_changed(_epoch(self.master), self.driver.now()))
         self.driver.attach(self.core)
         self._point_at_master()
@@ -182,6 +187,7 @@ class BrokerShell(ServiceKit):
         for event in self.masters.events():
             if isinstance(event, LeaderChanged):
                 self.master = event.leader
+                self.master_fence.follow(MASTER, event.leader)
                 log.info("master leader", leader=_who(event.leader))
                 if self.core is not None and not self.paused:  # (resume tells a paused one)
                     self._step(self.core.master_changed(_epoch(self.master), self.driver.now()))
@@ -194,7 +200,6 @@ class BrokerShell(ServiceKit):
         if m is None or not {"internal", "pub", "snapshot"} <= m.endpoints.keys():
             self.to_master.disconnect()
             return
-        self.master_fence.observe(MASTER, m.epoch)
         self.to_master.connect(m.endpoints["internal"])
         self.subscriber.connect(m.endpoints["pub"], m.endpoints["snapshot"])
 
@@ -269,6 +274,11 @@ class BrokerShell(ServiceKit):
             self.stats.inc(f"calls_ignored{{kind={which}}}")
 
     # -- the allocator -------------------------------------------------------------------
+    def _on_allocator_leader(self) -> None:
+        for event in self.allocators.events():
+            self.allocator_fence.follow(ALLOCATOR, event.leader)
+            log.info("allocator leader", leader=_who(event.leader))
+
     def _on_allocator(self, peer: bytes, env: codec.Envelope) -> None:
         if self.held_while_paused(lambda: self._on_allocator(peer, env)):
             return
@@ -395,8 +405,9 @@ class BrokerShell(ServiceKit):
         self._step_down("shutting down")
 
         def close_sockets() -> None:
-            self.reactor.remove_reader(self.masters)
-            self.masters.close()
+            for detector in (self.masters, self.allocators):
+                self.reactor.remove_reader(detector)
+                detector.close()
             self.router.close()
 
         self.on_close(close_sockets)

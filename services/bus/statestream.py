@@ -10,6 +10,7 @@ import zmq
 
 from services.bus import codec
 from services.bus.curve import CurveClient, CurveServer
+from services.bus.epoch import EpochFence, Verdict
 from services.bus.log import get_logger
 from services.bus.peer import (
     DRAIN_BATCH,
@@ -161,11 +162,15 @@ class StateSubscriber:
         on_change: ChangeHandler, *, prefix: str = "", heartbeat_interval: float = 1.0,
         max_missed: int = 5, snapshot_timeout: float = 2.0,
         frame_limit: int = codec.DEFAULT_FRAME_LIMIT, curve: CurveClient | None = None,
-        stats: Stats | None = None,
+        stats: Stats | None = None, fence: EpochFence | None = None,
     ) -> None:
         self.reactor = reactor
         self.ctx = ctx
         self.on_change = on_change
+        # Deltas and snapshot chunks are taken only from the elected publisher, at its
+        # epoch (services/bus/epoch.py); others are dropped, counted: the stream heals by
+        # resyncing once the detector names the leader and the shell reconnects.
+        self.fence = fence
         self.stats = stats or Stats()
         self.frame_limit = frame_limit
         self.curve = curve
@@ -245,11 +250,27 @@ class StateSubscriber:
             if env.WhichOneof("payload") != "state_delta":
                 self.stats.inc("frames_dropped{reason=unexpected}")
                 continue
+            if not self._admitted(env):
+                continue
             self._last_heard = self.reactor.now()
             self._run(self.core.on_delta(env.state_delta))
 
+    def _admitted(self, env: codec.Envelope) -> bool:
+        if self.fence is None:
+            return True
+        verdict = self.fence.check(env.sender_role, env.epoch, env.sender_id)
+        if verdict is Verdict.ADMIT:
+            return True
+        self.stats.inc(f"frames_dropped{{reason={verdict.value}}}")
+        log.warning("state stream message fenced", kind=codec.payload_kind(env),
+                    detail=self.fence.explain(verdict, env.sender_role, env.epoch,
+                                              env.sender_id))
+        return False
+
     def _on_reply(self, env: codec.Envelope) -> None:
         kind = env.WhichOneof("payload")
+        if kind == "snapshot_chunk" and not self._admitted(env):
+            return
         if kind == "snapshot_chunk":
             self._run(self.core.on_snapshot_chunk(env.snapshot_chunk))
             if self.synced and self._snapshot_due is not None:

@@ -9,6 +9,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from google.protobuf.json_format import MessageToDict
@@ -18,6 +19,7 @@ from opentelemetry.trace import Link, Span, Status, StatusCode
 from schemas import bus_pb2, common_pb2, internal_pb2, scheduler_pb2, state_pb2
 from services import tasks
 from services.bus import codec
+from services.bus.election import detector_from_url
 from services.bus.epoch import EpochFence
 from services.bus.log import get_logger
 from services.bus.peer import RouterServer
@@ -46,7 +48,9 @@ RECONCILIATION = common_pb2.TaskStatus.Reason.REASON_RECONCILIATION
 
 Role = codec.Role
 FRONT_PAYLOADS = frozenset({"agent_call", "scheduler_call", "operator_call"})
-INTERNAL_ROLES = frozenset({Role.Value("ROLE_BROKER"), Role.Value("ROLE_ALLOCATOR")})
+INTERNAL_ROLE_NAMES: dict[int, str] = {Role.Value("ROLE_BROKER"): "broker",
+                                        Role.Value("ROLE_ALLOCATOR"): "allocator"}
+INTERNAL_ROLES = frozenset(INTERNAL_ROLE_NAMES)
 MAX_TIMED_LAUNCHES = 100_000  # launches awaiting RUNNING for the latency histogram
 
 
@@ -71,10 +75,18 @@ class MasterShell(ServiceKit):
             self.reactor, self.ctx, f"{tcp}:{config.front_port or '*'}", self.sender,
             self._on_front, on_peer_gone=self._on_peer_gone, heartbeat=self.beat,
             stats=self.stats, name="front")
+        # The internal port acts only on the elected broker and allocator, at their epochs,
+        # as this master's own detectors of those roles know them (services/bus/epoch.py).
+        self.internal_fence = EpochFence(INTERNAL_ROLES)
         self.internal = RouterServer(
             self.reactor, self.ctx, f"{tcp}:{config.internal_port or '*'}", self.sender,
             self._on_internal, on_peer_gone=self._on_peer_gone, heartbeat=self.beat,
-            stats=self.stats, fence=EpochFence(INTERNAL_ROLES), name="internal")
+            stats=self.stats, fence=self.internal_fence, name="internal")
+        self.detectors = {role: detector_from_url(config.election_url, name)
+                          for role, name in INTERNAL_ROLE_NAMES.items()}
+        for role, detector in self.detectors.items():
+            self.reactor.add_reader(detector, partial(self._on_detector, role))
+            detector.start()
         self.publisher = StatePublisher(
             self.reactor, self.ctx, self.sender, pub_bind=f"{tcp}:{config.pub_port or '*'}",
             snapshot_bind=f"{tcp}:{config.snapshot_port or '*'}", epoch=0,
@@ -135,6 +147,14 @@ class MasterShell(ServiceKit):
         self._pending_publish.clear()
         self._staged.clear()
         self.publisher.deactivate()
+
+    def _on_detector(self, role: int) -> None:
+        """Who leads the broker's or the allocator's role: the one the internal port admits."""
+        for event in self.detectors[role].events():
+            self.internal_fence.follow(role, event.leader)
+            log.info("internal leader", role=INTERNAL_ROLE_NAMES[role],
+                     leader=f"{event.leader.member_id}@{event.leader.epoch}"
+                     if event.leader else "-")
 
     # -- inbound -------------------------------------------------------------------------
     def _on_front(self, peer: bytes, env: codec.Envelope) -> None:
@@ -395,6 +415,12 @@ class MasterShell(ServiceKit):
 
     # -- lifecycle -----------------------------------------------------------------------
     def close(self, linger_ms: int = 0) -> None:
+        def close_detectors() -> None:
+            for detector in self.detectors.values():
+                self.reactor.remove_reader(detector)
+                detector.close()
+
+        self.on_close(close_detectors)
         self.on_close(self.registry.close)
         self.on_close(self.publisher.close)
         self.on_close(self.internal.close)
