@@ -255,13 +255,13 @@ class SchedulerDriver:
         assert self._detector is not None and self._dealer is not None
         for event in self._detector.events():
             leader = event.leader
+            # The master link acts only on this leader, at its epoch (services/bus/epoch.py).
+            self._fence.follow(envelope_pb2.ROLE_MASTER, leader)
             key = None if leader is None else leader.key()
             if key == self._leader_key:
                 continue
             self._leader_key = key
             endpoint = None if leader is None else leader.endpoints.get(FRONT)
-            if leader is not None:
-                self._fence.observe(envelope_pb2.ROLE_MASTER, leader.epoch)
             log.info("leading master", member=leader.member_id if leader else "-",
                      epoch=leader.epoch if leader else 0, endpoint=endpoint or "-")
             self._run(self._core.master_detected(

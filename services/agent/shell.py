@@ -169,12 +169,12 @@ class AgentShell(ServiceKit):
             if not isinstance(event, LeaderChanged):
                 continue
             leader = event.leader
+            self.fence.follow(MASTER, leader)  # what the master link acts on (bus/epoch.py)
             if leader is None or "front" not in leader.endpoints:
                 log.warning("no leading master")
                 self.master.disconnect()
                 self._run(self.core.master_lost(self.driver.now()))
                 continue
-            self.fence.observe(MASTER, leader.epoch)
             log.info("leading master", id=leader.member_id, epoch=leader.epoch,
                      endpoint=leader.endpoints["front"])
             self.master.connect(leader.endpoints["front"])

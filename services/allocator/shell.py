@@ -65,7 +65,10 @@ class AllocatorShell(ServiceKit):
         self.feed: StreamFeed | None = None
         self.subscriber: StateSubscriber | None = None
         self.dealer: DealerClient | None = None
+        # Acted on only from the elected broker and master, at their epochs, as our own
+        # detectors know them (services/bus/epoch.py).
         self.fence = EpochFence(frozenset({Role.Value("ROLE_BROKER")}))
+        self.master_fence = EpochFence(frozenset({Role.Value("ROLE_MASTER")}))
         self.broker_epoch = 0  # the broker epoch our core's offers belong to
         self._batch: Timer | None = None
         self._sweep: Timer | None = None
@@ -78,7 +81,8 @@ class AllocatorShell(ServiceKit):
                                   (self.brokers, self._on_broker)):
             self.reactor.add_reader(detector, handler)
             detector.start()
-        self.join_election(config.election_url, lead=self._lead, step_down=self._step_down)
+        self.join_election(config.election_url, lead=self._lead, pause=self._pause,
+                           resume=self._resume, step_down=self._step_down)
         log.info("allocator started", id=config.allocator_id, **self.endpoints)
 
     # -- leadership ----------------------------------------------------------------------
@@ -90,7 +94,7 @@ class AllocatorShell(ServiceKit):
         self.subscriber = StateSubscriber(
             self.reactor, self.ctx, self.sender, self._on_state,
             heartbeat_interval=self.config.heartbeat_interval, max_missed=self.config.max_missed,
-            stats=self.stats)
+            stats=self.stats, fence=self.master_fence)
         self.dealer = DealerClient(
             self.reactor, self.ctx, self.sender, self._on_broker_message,
             on_connected=self._on_broker_connected, heartbeat=self.beat, stats=self.stats,
@@ -100,12 +104,30 @@ class AllocatorShell(ServiceKit):
         self._point_at_broker()
         log.info("leading", epoch=epoch)
 
-    def _step_down(self, reason: str) -> None:
-        """Stop acting at once: drop the core (the next leader rebuilds its own)."""
+    def _pause(self, reason: str) -> None:
+        """Allocate nothing and send nothing; keep the core, which goes on following the
+        state stream and the broker's recoveries (learning is not acting)."""
+        self._cancel_timers()
+
+    def _resume(self, epoch: int) -> None:
+        """The same reign goes on: the sweep again, and a cycle at once (after a hello, the
+        broker may have missed some)."""
+        self._sweep = self.reactor.every(self.config.interval, self._allocate)
+        if self.dealer is not None and self.dealer.connected:
+            self._on_broker_connected()
+        else:
+            self._schedule()
+        log.info("resumed", epoch=epoch)
+
+    def _cancel_timers(self) -> None:
         for timer in (self._batch, self._sweep, self._refilter):
             if timer is not None:
                 timer.cancel()
         self._batch = self._sweep = self._refilter = None
+
+    def _step_down(self, reason: str) -> None:
+        """Stop acting at once: drop the core (the next leader rebuilds its own)."""
+        self._cancel_timers()
         if self.subscriber is not None:
             self.subscriber.close()
         if self.dealer is not None:
@@ -119,6 +141,7 @@ class AllocatorShell(ServiceKit):
         for event in self.masters.events():
             if isinstance(event, LeaderChanged):
                 self.master = event.leader
+                self.master_fence.follow(Role.Value("ROLE_MASTER"), event.leader)
                 self._told.clear()  # a new master knows no decisions yet
                 log.info("master leader", leader=_who(event.leader))
                 self._point_at_master()
@@ -127,6 +150,7 @@ class AllocatorShell(ServiceKit):
         for event in self.brokers.events():
             if isinstance(event, LeaderChanged):
                 self.broker = event.leader
+                self.fence.follow(Role.Value("ROLE_BROKER"), event.leader)
                 log.info("broker leader", leader=_who(event.leader))
                 self._point_at_broker()
 
@@ -146,7 +170,6 @@ class AllocatorShell(ServiceKit):
         if b is None or "router" not in b.endpoints:
             self.dealer.disconnect()
             return
-        self.fence.observe(Role.Value("ROLE_BROKER"), b.epoch)
         if b.epoch != self.broker_epoch:
             # A new broker has an empty offer table: every offer we counted is gone (the
             # master rescinds the old broker's offers by their id prefix).
@@ -175,7 +198,10 @@ class AllocatorShell(ServiceKit):
 
     def _on_broker_connected(self) -> None:
         # A hello (empty Allocations): lets the broker learn our peer and epoch before we
-        # have anything to allocate; then a cycle, as the broker may have missed some.
+        # have anything to allocate; then a cycle, as the broker may have missed some. A
+        # paused reign says it on resume.
+        if self.paused:
+            return
         self._send(internal_pb2.InternalMessage(allocations=internal_pb2.InternalMessage
                                                 .Allocations()))
         self._told.clear()
@@ -234,7 +260,7 @@ class AllocatorShell(ServiceKit):
     # -- allocation ----------------------------------------------------------------------
     def _schedule(self) -> None:
         """One allocation within `batch` seconds, however many events come meanwhile."""
-        if self._batch is None and self.core is not None:
+        if self._batch is None and self.core is not None and not self.paused:
             self._batch = self.reactor.call_later(self.config.batch, self._allocate)
 
     def _allocate(self) -> None:
@@ -242,7 +268,7 @@ class AllocatorShell(ServiceKit):
             self._batch.cancel()
             self._batch = None
         core, dealer = self.core, self.dealer
-        if core is None or dealer is None or self.subscriber is None:
+        if core is None or dealer is None or self.subscriber is None or self.paused:
             return
         if not (dealer.connected and self.subscriber.synced):
             return  # allocations nobody would receive would only be lost
@@ -303,7 +329,7 @@ class AllocatorShell(ServiceKit):
         if self._refilter is not None:
             self._refilter.cancel()
             self._refilter = None
-        if ends is not None and ends - now < self.config.interval:
+        if ends is not None and ends - now < self.config.interval and not self.paused:
             self._refilter = self.reactor.call_later(ends - now + 0.001, self._allocate)
 
     def _account(self, cycle: Cycle, now: float) -> None:
@@ -315,7 +341,7 @@ class AllocatorShell(ServiceKit):
 
     # -- outbound ------------------------------------------------------------------------
     def _send(self, msg: internal_pb2.InternalMessage) -> None:
-        if self.dealer is None:
+        if self.dealer is None or self.paused:
             return
         env = codec.Envelope()
         env.internal.CopyFrom(msg)

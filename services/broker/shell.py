@@ -61,7 +61,10 @@ class BrokerShell(ServiceKit):
     def __init__(self, config: BrokerConfig, reactor: Reactor | None = None) -> None:
         super().__init__("broker", config.broker_id, Role.Value("ROLE_BROKER"), config, reactor)
         self.config = config
+        # Messages are acted on only from the elected allocator and master, at their epochs,
+        # as this broker's own detectors know them (services/bus/epoch.py).
         self.allocator_fence = EpochFence(frozenset({ALLOCATOR}))
+        self.allocators = detector_from_url(config.election_url, "allocator")
         self.router = RouterServer(
             self.reactor, self.ctx, f"tcp://{config.host}:{config.port or '*'}", self.sender,
             self._on_allocator, heartbeat=self.beat, stats=self.stats,
@@ -77,6 +80,8 @@ class BrokerShell(ServiceKit):
         self.subscriber: StateSubscriber | None = None
         self.allocator_peer: bytes | None = None
         self._commands: list[Command] = []  # gathered over one reactor wake-up
+        self._paused_reign = False  # (the lifecycle is already in standby in step_down)
+        self._stream_changed_while_paused = False
         self._offered_at: dict[str, float] = {}  # offer id -> sent, for the round trip
         self.traces = BrokerTraces()
         # The driver's one timer fires core.tick(); its commands wait for the flush too.
@@ -85,7 +90,10 @@ class BrokerShell(ServiceKit):
         self.reactor.on_idle(self._flush)
         self.reactor.add_reader(self.masters, self._on_master)
         self.masters.start()
-        self.join_election(config.election_url, lead=self._lead, step_down=self._step_down)
+        self.reactor.add_reader(self.allocators, self._on_allocator_leader)
+        self.allocators.start()
+        self.join_election(config.election_url, lead=self._lead, pause=self._pause,
+                           resume=self._resume, step_down=self._step_down)
         log.info("broker started", id=config.broker_id, **self.endpoints)
 
     # -- leadership ----------------------------------------------------------------------
@@ -103,17 +111,45 @@ class BrokerShell(ServiceKit):
         self.subscriber = StateSubscriber(
             self.reactor, self.ctx, self.sender, self._on_state,
             heartbeat_interval=self.config.heartbeat_interval, max_missed=self.config.max_missed,
-            stats=self.stats)
+            stats=self.stats, fence=self.master_fence)
         self._step(self.core.master_changed(_epoch(self.master), self.driver.now()))
         self.driver.attach(self.core)
         self._point_at_master()
         log.info("leading", epoch=epoch)
 
+    def _pause(self, reason: str) -> None:
+        """Act on nothing and keep the offer table: calls from the master and the allocator
+        are held, no timer fires (offers do not expire meanwhile), nothing is sent; the state
+        stream is still followed (it is applied on resume)."""
+        self.driver.detach()
+        self._paused_reign = True
+        self._stream_changed_while_paused = False
+
+    def _resume(self, epoch: int) -> None:
+        """The same reign goes on: catch up with the stream and the master's leader, re-arm
+        the timer (offers due meanwhile expire now); the lifecycle then runs the held calls."""
+        core = self.core
+        assert core is not None
+        now = self.driver.now()
+        if self._stream_changed_while_paused and self.subscriber is not None \
+                and self.subscriber.synced:
+            self._step(core.stream_changed(list(self.subscriber.store.values()), now,
+                                           reset=True))
+        self._stream_changed_while_paused = self._paused_reign = False
+        self._step(core.master_changed(_epoch(self.master), now))
+        self.driver.attach(core)
+        if self.to_master is not None and self.to_master.connected:
+            self._on_master_connected()
+        log.info("resumed", epoch=epoch)
+
     def _step_down(self, reason: str) -> None:
         """Rescind every offer (frameworks learn it through the master, if it still hears
-        us), then drop the table. No Recovery: a new broker makes the allocator recover all."""
+        us), then drop the table. No Recovery: a new broker makes the allocator recover all.
+        A paused reign sends nothing: its session expired, another broker may lead."""
         rescinded = False
-        if self.core is not None and self.to_master is not None and self.to_master.connected:
+        paused, self._paused_reign = self._paused_reign, False
+        if self.core is not None and self.to_master is not None and self.to_master.connected \
+                and not paused:
             self._step(self.core.rescind_all(RescindReason.RESCIND_REASON_BROKER_FAILOVER))
             rescinded = bool(self._commands)
             self._flush()
@@ -151,8 +187,9 @@ class BrokerShell(ServiceKit):
         for event in self.masters.events():
             if isinstance(event, LeaderChanged):
                 self.master = event.leader
+                self.master_fence.follow(MASTER, event.leader)
                 log.info("master leader", leader=_who(event.leader))
-                if self.core is not None:
+                if self.core is not None and not self.paused:  # (resume tells a paused one)
                     self._step(self.core.master_changed(_epoch(self.master), self.driver.now()))
                 self._point_at_master()
 
@@ -163,18 +200,26 @@ class BrokerShell(ServiceKit):
         if m is None or not {"internal", "pub", "snapshot"} <= m.endpoints.keys():
             self.to_master.disconnect()
             return
-        self.master_fence.observe(MASTER, m.epoch)
         self.to_master.connect(m.endpoints["internal"])
         self.subscriber.connect(m.endpoints["pub"], m.endpoints["snapshot"])
 
     def _on_master_connected(self) -> None:
         # The master learns its broker from a first non-heartbeat message (heartbeats stay
         # in the bus layer): an empty AllocatorDecisions, a no-op it may relay or ignore.
+        # A paused reign says it on resume.
+        if self.paused:
+            return
         msg = internal_pb2.InternalMessage(
             allocator_decisions=internal_pb2.InternalMessage.AllocatorDecisions())
         self._send_master(msg)
 
     def _on_master_message(self, env: codec.Envelope) -> None:
+        if self.paused:
+            if not self.held_while_paused(lambda: self._on_master_message(env)):
+                self.stats.inc("calls_refused{reason=paused}")
+                log.warning("master message dropped: paused, too many held",
+                            kind=codec.payload_kind(env))
+            return
         core = self.core
         kind = codec.payload_kind(env)
         if kind == "error":
@@ -229,9 +274,16 @@ class BrokerShell(ServiceKit):
             self.stats.inc(f"calls_ignored{{kind={which}}}")
 
     # -- the allocator -------------------------------------------------------------------
+    def _on_allocator_leader(self) -> None:
+        for event in self.allocators.events():
+            self.allocator_fence.follow(ALLOCATOR, event.leader)
+            log.info("allocator leader", leader=_who(event.leader))
+
     def _on_allocator(self, peer: bytes, env: codec.Envelope) -> None:
+        if self.held_while_paused(lambda: self._on_allocator(peer, env)):
+            return
         core = self.core
-        if core is None:
+        if core is None or self.paused:  # (paused: the hold is full)
             self.stats.inc("calls_refused{reason=not_leader}")
             reply = codec.error_envelope(codec.ErrorCode.Value("NOT_LEADER"),
                                          f"broker {self.config.broker_id} is not leading")
@@ -259,6 +311,9 @@ class BrokerShell(ServiceKit):
         core = self.core
         if core is None or self.subscriber is None:
             return
+        if self.paused:  # the subscriber's store keeps up; the core learns it on resume
+            self._stream_changed_while_paused = True
+            return
         entries = list(self.subscriber.store.values()) if change.reset else change.entries
         self._step(core.stream_changed(entries, self.driver.now(), reset=change.reset))
 
@@ -267,8 +322,8 @@ class BrokerShell(ServiceKit):
         """Once per wake-up: re-arm the timer, then send one SendOffers per framework, one
         RecoverResources, ..."""
         self.driver.rearm()
-        if not self._commands:
-            return
+        if not self._commands or self.paused:
+            return  # (a paused reign's commands wait for it to resume, or die with it)
         self.traces.commands(self._commands)  # before coalesce hides offers never shown
         cmds, self._commands = coalesce(self._commands), []
         for cmd in cmds:
@@ -350,8 +405,9 @@ class BrokerShell(ServiceKit):
         self._step_down("shutting down")
 
         def close_sockets() -> None:
-            self.reactor.remove_reader(self.masters)
-            self.masters.close()
+            for detector in (self.masters, self.allocators):
+                self.reactor.remove_reader(detector)
+                detector.close()
             self.router.close()
 
         self.on_close(close_sockets)

@@ -1,19 +1,20 @@
 """ROUTER/DEALER endpoints with heartbeats both ways (Guide "Paranoid Pirate"), capped
-reconnect backoff, epoch fencing, error replies and drop counters. Services talk through
-these and never touch framing themselves."""
+reconnect backoff, epoch fencing against the elected leaders (services/bus/epoch.py: a
+message not vouched for yet is held briefly, bounded), error replies and drop counters.
+Services talk through these and never touch framing themselves."""
 
 from __future__ import annotations
 
 import os
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import zmq
 
-from schemas import bus_pb2
 from services.bus import codec
 from services.bus.curve import CurveClient, CurveServer
-from services.bus.epoch import EpochFence
+from services.bus.epoch import EpochFence, Verdict
 from services.bus.liveness import Backoff, Liveness, PeerTable
 from services.bus.log import get_logger
 from services.bus.reactor import Reactor, Timer
@@ -24,6 +25,11 @@ log = get_logger("bus.peer")
 DRAIN_BATCH = 1000  # messages read per wake-up before yielding to other sockets and timers
 HWM = 100_000
 HARD_SIZE_FACTOR = 4  # zmq drops a connection beyond this many frame limits (memory guard)
+# A message from an elected role that the detector cannot vouch for yet (no leader known, or
+# a newer epoch: a failover it has not seen) waits this long, then is refused; at most
+# FENCE_HOLD_MAX wait per socket (beyond: refused at once).
+FENCE_HOLD_S = 3.0
+FENCE_HOLD_MAX = 1000
 
 
 @dataclass
@@ -71,12 +77,20 @@ def decode_counted(frames: list[bytes], limit: int, stats: Stats, socket: str,
         raise
 
 
+@dataclass
+class _Held:
+    peer: bytes
+    env: codec.Envelope
+    until: float
+
+
 class _Endpoint:
     """What ROUTER and DEALER ends share: decode, count, fence, answer errors."""
 
     def __init__(
         self, reactor: Reactor, sender: Sender, stats: Stats | None, fence: EpochFence | None,
-        frame_limit: int, name: str,
+        frame_limit: int, name: str, fence_hold_s: float = FENCE_HOLD_S,
+        fence_hold_max: int = FENCE_HOLD_MAX,
     ) -> None:
         self.reactor = reactor
         self.sender = sender
@@ -84,6 +98,10 @@ class _Endpoint:
         self.fence = fence
         self.frame_limit = frame_limit
         self.name = name
+        self.fence_hold_s, self.fence_hold_max = fence_hold_s, fence_hold_max
+        self._held: deque[_Held] = deque()
+        self._releasing = self._release_again = False
+        self._unlisten = fence.listen(self._release) if fence is not None else None
 
     def _configure(self, sock: zmq.Socket[bytes]) -> None:
         sock.setsockopt(zmq.LINGER, 0)
@@ -98,15 +116,79 @@ class _Endpoint:
         except codec.FrameError as exc:
             self._reply_error(peer, exc.code, str(exc), exc.envelope)
             return None
-        if self.fence is not None and not self.fence.admit(env.sender_role, env.epoch):
-            highest = self.fence.highest(env.sender_role)
-            self.stats.inc("frames_dropped{reason=stale_epoch}")
-            log.warning("dropped stale-epoch message", socket=self.name, sender=env.sender_id,
-                        epoch=env.epoch, highest=highest, kind=codec.payload_kind(env))
-            self._reply_error(peer, bus_pb2.STALE_EPOCH,
-                              f"epoch {env.epoch} is below {highest} for this role", env)
+        if self.fence is None:
+            return env
+        verdict = self.fence.check(env.sender_role, env.epoch, env.sender_id)
+        if verdict is Verdict.ADMIT:
+            return env
+        if verdict.holdable and len(self._held) < self.fence_hold_max:
+            self._held.append(_Held(peer, env, self.reactor.now() + self.fence_hold_s))
+            self.stats.inc(f"frames_held{{reason={verdict.value}}}")
             return None
-        return env
+        self._refuse(peer, env, verdict)
+        return None
+
+    def _refuse(self, peer: bytes, env: codec.Envelope, verdict: Verdict) -> None:
+        assert self.fence is not None
+        message = self.fence.explain(verdict, env.sender_role, env.epoch, env.sender_id)
+        self.stats.inc(f"frames_dropped{{reason={verdict.value}}}")
+        log.warning("fenced message refused", socket=self.name, verdict=verdict.value,
+                    sender=env.sender_id, epoch=env.epoch, kind=codec.payload_kind(env),
+                    detail=message)
+        self._reply_error(peer, verdict.code, message, env)
+
+    def _release(self) -> None:
+        """Act on the held messages the fence now admits; refuse those it refuses, or that
+        waited too long. Runs when a followed leader changes, and on every tick."""
+        if self._releasing:  # a delivered message's handler changed the fence again
+            self._release_again = True
+            return
+        self._releasing = True
+        try:
+            self._release_again = True
+            while self._release_again:
+                self._release_again = False
+                self._release_once()
+        finally:
+            self._releasing = False
+
+    def _release_once(self) -> None:
+        if not self._held or self.fence is None:
+            return
+        now = self.reactor.now()
+        held, self._held = self._held, deque()
+        keep: deque[_Held] = deque()
+        for h in held:
+            verdict = self.fence.check(h.env.sender_role, h.env.epoch, h.env.sender_id)
+            if verdict is Verdict.ADMIT:
+                self.stats.inc("frames_released")
+                try:
+                    self._deliver(h.peer, h.env)
+                except Exception as exc:  # one handler's bug never loses the others
+                    self.stats.inc("handler_errors{handler=held}")
+                    log.error("handler failed on a released message", socket=self.name,
+                              error=repr(exc), exc_info=True)
+            elif verdict.holdable and now < h.until:
+                keep.append(h)
+            else:
+                self._refuse(h.peer, h.env, verdict)
+        keep.extend(self._held)  # held meanwhile (by a handler's reads), after the older
+        self._held = keep
+
+    def _drop_held(self, reason: str) -> None:
+        if self._held:
+            self.stats.inc(f"frames_dropped{{reason={reason}}}", len(self._held))
+            self._held.clear()
+
+    def _deliver(self, peer: bytes, env: codec.Envelope) -> None:
+        """An admitted message, to the socket's own handling."""
+        raise NotImplementedError
+
+    def _stop_fencing(self) -> None:
+        if self._unlisten is not None:
+            self._unlisten()
+            self._unlisten = None
+        self._held.clear()
 
     def _reply_error(self, peer: bytes, code: int, message: str,
                      about: codec.Envelope | None) -> None:
@@ -142,8 +224,10 @@ class RouterServer(_Endpoint):
         heartbeat: HeartbeatConfig | None = None, stats: Stats | None = None,
         fence: EpochFence | None = None, frame_limit: int = codec.DEFAULT_FRAME_LIMIT,
         curve: CurveServer | None = None, name: str = "router",
+        fence_hold_s: float = FENCE_HOLD_S, fence_hold_max: int = FENCE_HOLD_MAX,
     ) -> None:
-        super().__init__(reactor, sender, stats, fence, frame_limit, name)
+        super().__init__(reactor, sender, stats, fence, frame_limit, name, fence_hold_s,
+                         fence_hold_max)
         self.heartbeat = heartbeat or HeartbeatConfig()
         self.on_message = on_message
         self.on_peer_gone = on_peer_gone
@@ -190,13 +274,16 @@ class RouterServer(_Endpoint):
             peer, frames = msg[0], msg[1:]
             env = self._accept(peer, frames)
             if env is None:
-                continue  # refused frames prove nothing about a peer's liveness
-            new = self.peers.heard(peer, self.reactor.now())
-            if env.WhichOneof("payload") == "heartbeat":
-                if new:  # answer at once so a (re)connecting client learns we are alive
-                    self._send_heartbeat(peer)
-                continue
-            self.on_message(peer, env)
+                continue  # refused (or held) frames prove nothing about a peer's liveness
+            self._deliver(peer, env)
+
+    def _deliver(self, peer: bytes, env: codec.Envelope) -> None:
+        new = self.peers.heard(peer, self.reactor.now())
+        if env.WhichOneof("payload") == "heartbeat":
+            if new:  # answer at once so a (re)connecting client learns we are alive
+                self._send_heartbeat(peer)
+            return
+        self.on_message(peer, env)
 
     def _send_heartbeat(self, peer: bytes) -> None:
         env = codec.Envelope()
@@ -204,6 +291,8 @@ class RouterServer(_Endpoint):
         self._send_raw(peer, env)
 
     def _tick(self) -> None:
+        if self._held:
+            self._release()  # refuses what waited too long
         due, gone = self.peers.tick(self.reactor.now())
         for peer in gone:
             self.stats.inc("peers_lost")
@@ -214,6 +303,7 @@ class RouterServer(_Endpoint):
             self._send_heartbeat(peer)
 
     def close(self) -> None:
+        self._stop_fencing()
         self._beat.cancel()
         self.reactor.remove_reader(self.sock)
         self.sock.close(linger=0)
@@ -232,9 +322,11 @@ class DealerClient(_Endpoint):
         heartbeat: HeartbeatConfig | None = None, backoff: Backoff | None = None,
         stats: Stats | None = None, fence: EpochFence | None = None,
         frame_limit: int = codec.DEFAULT_FRAME_LIMIT, curve: CurveClient | None = None,
-        name: str = "dealer",
+        name: str = "dealer", fence_hold_s: float = FENCE_HOLD_S,
+        fence_hold_max: int = FENCE_HOLD_MAX,
     ) -> None:
-        super().__init__(reactor, sender, stats, fence, frame_limit, name)
+        super().__init__(reactor, sender, stats, fence, frame_limit, name, fence_hold_s,
+                         fence_hold_max)
         self.ctx = ctx
         self.heartbeat = heartbeat or HeartbeatConfig()
         self.backoff = backoff or Backoff(cap=min(2.0, self.heartbeat.interval * 2))
@@ -302,6 +394,7 @@ class DealerClient(_Endpoint):
         self._send_heartbeat()  # announce ourselves; the server answers at once
 
     def _close_socket(self) -> None:
+        self._drop_held("reconnected")  # held from the connection being closed
         if self.sock is not None:
             self.reactor.remove_reader(self.sock)
             self.sock.close(linger=0)
@@ -337,11 +430,16 @@ class DealerClient(_Endpoint):
                 if self.on_connected is not None:
                     self.on_connected()
             env = self._accept(b"", frames)
-            if env is None or env.WhichOneof("payload") == "heartbeat":
-                continue
+            if env is not None:
+                self._deliver(b"", env)
+
+    def _deliver(self, peer: bytes, env: codec.Envelope) -> None:
+        if env.WhichOneof("payload") != "heartbeat":
             self.on_message(env)
 
     def _tick(self) -> None:
+        if self._held:
+            self._release()  # refuses what waited too long
         if self.live is None:
             return
         now = self.reactor.now()
@@ -359,6 +457,7 @@ class DealerClient(_Endpoint):
             self._send_heartbeat()
 
     def close(self) -> None:
+        self._stop_fencing()
         self._beat.cancel()
         self.disconnect()
 

@@ -10,6 +10,7 @@ import zmq
 
 from services.bus import codec
 from services.bus.curve import CurveClient, CurveServer
+from services.bus.epoch import EpochFence, Verdict
 from services.bus.log import get_logger
 from services.bus.peer import (
     DRAIN_BATCH,
@@ -29,6 +30,7 @@ from services.bus.stream_core import (
     RequestSnapshot,
     StateEntry,
     SubscriberCore,
+    entry_size,
 )
 
 log = get_logger("bus.statestream")
@@ -69,21 +71,35 @@ class StatePublisher:
         return self.core.store
 
     def restart(self, epoch: int, entries: Iterable[StateEntry]) -> None:
-        """Lead afresh at `epoch` with this state (seq restarts; subscribers see the new epoch
-        on the next delta or heartbeat and re-snapshot)."""
-        self.core = PublisherCore(epoch, self.frame_limit)
-        self.core.apply(entries)
+        """Lead afresh at `epoch` with this state. Subscribers see the new epoch on the next
+        delta or heartbeat and re-snapshot; at the same epoch (a reign that was not resumed)
+        the sequence jumps ahead instead of restarting, with the same effect."""
+        self.core = self.core.successor(epoch, entries)
         self.active = True
         self._tick_now()
 
     def deactivate(self) -> None:
-        """Stop publishing and serving snapshots (stepped down)."""
+        """Stop publishing, beating and serving snapshots (stepped down, or paused: the
+        store and the sequence are kept, and `resume` goes on from them)."""
         self.active = False
+
+    pause = deactivate
+
+    def resume(self) -> None:
+        """The paused reign goes on: beat at once, so subscribers know it is alive."""
+        self.active = True
+        self._tick_now()
 
     def publish(self, entries: Iterable[StateEntry]) -> None:
         if not self.active:
             raise RuntimeError("publish on an inactive (stepped-down) publisher")
-        for delta in self.core.apply(entries):
+        deltas, too_large = self.core.publish(entries)
+        for entry in too_large:
+            # Refused here, where it is produced, and the stream goes on without it.
+            self.stats.inc("state_entries_refused{reason=too_large}")
+            log.error("state entry too large for a frame: not published", key=entry.key,
+                      bytes=entry_size(entry), limit=self.core.max_bytes)
+        for delta in deltas:
             env = codec.Envelope()
             env.state_delta.CopyFrom(delta)
             self._send(env)
@@ -91,7 +107,14 @@ class StatePublisher:
 
     def _send(self, env: codec.Envelope) -> None:
         self.sender.stamp(env)
-        self.pub.send(codec.encode(env, self.frame_limit), copy=False)
+        try:
+            frame = codec.encode(env, self.frame_limit)
+        except codec.FrameTooLarge as exc:  # never raised into the leader's reactor
+            # Subscribers see the gap in the sequence and re-snapshot.
+            self.stats.inc("frames_unsent{reason=too_large}")
+            log.error("state delta too large to send", error=str(exc))
+            return
+        self.pub.send(frame, copy=False)
         self._last_sent = self.reactor.now()
 
     def _tick(self) -> None:
@@ -139,11 +162,15 @@ class StateSubscriber:
         on_change: ChangeHandler, *, prefix: str = "", heartbeat_interval: float = 1.0,
         max_missed: int = 5, snapshot_timeout: float = 2.0,
         frame_limit: int = codec.DEFAULT_FRAME_LIMIT, curve: CurveClient | None = None,
-        stats: Stats | None = None,
+        stats: Stats | None = None, fence: EpochFence | None = None,
     ) -> None:
         self.reactor = reactor
         self.ctx = ctx
         self.on_change = on_change
+        # Deltas and snapshot chunks are taken only from the elected publisher, at its
+        # epoch (services/bus/epoch.py); others are dropped, counted: the stream heals by
+        # resyncing once the detector names the leader and the shell reconnects.
+        self.fence = fence
         self.stats = stats or Stats()
         self.frame_limit = frame_limit
         self.curve = curve
@@ -223,11 +250,27 @@ class StateSubscriber:
             if env.WhichOneof("payload") != "state_delta":
                 self.stats.inc("frames_dropped{reason=unexpected}")
                 continue
+            if not self._admitted(env):
+                continue
             self._last_heard = self.reactor.now()
             self._run(self.core.on_delta(env.state_delta))
 
+    def _admitted(self, env: codec.Envelope) -> bool:
+        if self.fence is None:
+            return True
+        verdict = self.fence.check(env.sender_role, env.epoch, env.sender_id)
+        if verdict is Verdict.ADMIT:
+            return True
+        self.stats.inc(f"frames_dropped{{reason={verdict.value}}}")
+        log.warning("state stream message fenced", kind=codec.payload_kind(env),
+                    detail=self.fence.explain(verdict, env.sender_role, env.epoch,
+                                              env.sender_id))
+        return False
+
     def _on_reply(self, env: codec.Envelope) -> None:
         kind = env.WhichOneof("payload")
+        if kind == "snapshot_chunk" and not self._admitted(env):
+            return
         if kind == "snapshot_chunk":
             self._run(self.core.on_snapshot_chunk(env.snapshot_chunk))
             if self.synced and self._snapshot_due is not None:

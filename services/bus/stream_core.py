@@ -18,35 +18,66 @@ SnapshotChunk = bus_pb2.SnapshotChunk
 ENVELOPE_OVERHEAD = 1024
 
 
-def split_by_size(entries: Iterable[StateEntry], max_bytes: int) -> list[list[StateEntry]]:
-    """Group entries into batches whose encoded size stays under `max_bytes`."""
+def entry_size(entry: StateEntry) -> int:
+    """An entry's encoded size inside a delta or chunk (with its tag and length prefix)."""
+    return entry.ByteSize() + 8
+
+
+def split_by_size(entries: Iterable[StateEntry], max_bytes: int,
+                  ) -> tuple[list[list[StateEntry]], list[StateEntry]]:
+    """(batches, too_large): entries grouped in order into batches whose encoded size stays
+    under `max_bytes`; an entry that fits only alone goes alone, and one that can never fit
+    is left out, in `too_large`, for the caller to refuse (it never raises)."""
     batches: list[list[StateEntry]] = [[]]
+    too_large: list[StateEntry] = []
     size = 0
     for entry in entries:
-        n = entry.ByteSize() + 8  # tag + length prefix
+        n = entry_size(entry)
         if n > max_bytes:
-            raise ValueError(f"state entry {entry.key!r} of {n} bytes exceeds {max_bytes}")
+            too_large.append(entry)
+            continue
         if batches[-1] and size + n > max_bytes:
             batches.append([])
             size = 0
         batches[-1].append(entry)
         size += n
-    return batches if batches[-1] else batches[:-1]
+    return (batches if batches[-1] else batches[:-1]), too_large
 
 
 class PublisherCore:
-    """The authoritative copy: every change bumps `seq` and becomes one delta."""
+    """The authoritative copy: every change bumps `seq` and becomes one delta. `seq` never
+    goes back within one epoch (see `successor`)."""
 
-    def __init__(self, epoch: int, max_bytes: int) -> None:
+    def __init__(self, epoch: int, max_bytes: int, seq: int = 0) -> None:
         self.epoch = epoch
-        self.seq = 0
+        self.seq = seq
         self.max_bytes = max_bytes - ENVELOPE_OVERHEAD
         self.store: dict[str, StateEntry] = {}
 
+    def successor(self, epoch: int, entries: Iterable[StateEntry]) -> PublisherCore:
+        """The publisher of a new reign at `epoch`, holding `entries`. A new epoch starts
+        at seq 0 (subscribers resync on the epoch change); a reign at this same epoch (a
+        leader that led afresh instead of resuming) continues past our seq with a gap, so
+        every subscriber sees the gap and resyncs instead of taking its deltas for ones it
+        already has (or for the next ones)."""
+        seq = self.seq + 1 if epoch == self.epoch else 0
+        core = PublisherCore(epoch, self.max_bytes + ENVELOPE_OVERHEAD, seq=seq)
+        core.apply(entries)
+        return core
+
     def apply(self, entries: Iterable[StateEntry]) -> list[StateDelta]:
-        """Apply changes; returns the deltas to publish (several if too large for a frame)."""
+        """Apply changes; returns the deltas to publish (several if too large for a frame).
+        An entry too large for any frame is left out (see `publish`)."""
+        return self.publish(entries)[0]
+
+    def publish(self, entries: Iterable[StateEntry],
+                ) -> tuple[list[StateDelta], list[StateEntry]]:
+        """Apply changes: (the deltas to publish, the entries refused as too large for a
+        frame). A refused entry changes nothing: subscribers keep what the stream last
+        carried for its key, and so does this store (they stay equal)."""
         deltas = []
-        for batch in split_by_size(entries, self.max_bytes):
+        batches, too_large = split_by_size(entries, self.max_bytes)
+        for batch in batches:
             for entry in batch:
                 if entry.deleted:
                     self.store.pop(entry.key, None)
@@ -54,7 +85,7 @@ class PublisherCore:
                     self.store[entry.key] = entry
             self.seq += 1
             deltas.append(StateDelta(epoch=self.epoch, seq=self.seq, entries=batch))
-        return deltas
+        return deltas, too_large
 
     def heartbeat(self) -> StateDelta:
         """An empty delta at the current seq: lets subscribers notice a lost last delta."""
@@ -62,7 +93,7 @@ class PublisherCore:
 
     def snapshot(self, prefix: str = "") -> list[SnapshotChunk]:
         entries = [e for k, e in sorted(self.store.items()) if k.startswith(prefix)]
-        batches = split_by_size(entries, self.max_bytes) or [[]]
+        batches = split_by_size(entries, self.max_bytes)[0] or [[]]
         return [
             SnapshotChunk(epoch=self.epoch, seq=self.seq, entries=batch,
                           last=i == len(batches) - 1)
@@ -102,6 +133,8 @@ class SubscriberCore:
     seq: int = 0
     store: dict[str, StateEntry] = field(default_factory=dict)
     resyncs: int = 0
+    # The SUB stream has reached the snapshot's position: nothing older can still come.
+    _caught_up: bool = False
     _buffer: list[StateDelta] = field(default_factory=list)
     _chunks: list[SnapshotChunk] = field(default_factory=list)
 
@@ -123,8 +156,20 @@ class SubscriberCore:
             return []  # a deposed publisher: fenced
         if delta.epoch > self.epoch:
             return self.resync(f"new epoch {delta.epoch} (had {self.epoch})")
-        if delta.seq <= self.seq:
-            return []  # a duplicate, or a heartbeat at our position
+        behind = delta.seq < self.seq or (delta.entries and delta.seq == self.seq)
+        if behind and self._caught_up:
+            # One SUB connection delivers in publish order and never twice: once it has
+            # reached our position, anything behind it within one epoch means the
+            # publisher started over. Never drop that silently.
+            return self.resync(f"publisher went back to seq {delta.seq} in epoch "
+                               f"{delta.epoch} (applied {self.seq})")
+        if behind or delta.seq == self.seq:
+            # Sent before the snapshot we hold (the SUB socket lags the snapshot one), or a
+            # heartbeat at our position.
+            if delta.seq == self.seq:
+                self._caught_up = True
+            return []
+        self._caught_up = True
         if not delta.entries:  # heartbeat ahead of us: we lost the last delta(s)
             return self.resync(f"heartbeat at seq {delta.seq}, applied {self.seq}")
         if delta.seq != self.seq + 1:
@@ -145,12 +190,15 @@ class SubscriberCore:
                       if e.key.startswith(self.prefix)}
         self._chunks.clear()
         self.phase = Phase.SYNCED
+        self._caught_up = False
         out: list[Output] = [Changed(list(self.store.values()), reset=True)]
         buffered, self._buffer = self._buffer, []
         for delta in buffered:
             if delta.epoch != self.epoch or delta.seq <= self.seq:
                 if delta.epoch > self.epoch:
                     return [*out, *self.resync("new epoch while syncing")]
+                if delta.epoch == self.epoch and delta.seq == self.seq:
+                    self._caught_up = True
                 continue
             step = self.on_delta(delta)
             out.extend(step)

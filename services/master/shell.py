@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from google.protobuf.json_format import MessageToDict
@@ -17,6 +19,7 @@ from opentelemetry.trace import Link, Span, Status, StatusCode
 from schemas import bus_pb2, common_pb2, internal_pb2, scheduler_pb2, state_pb2
 from services import tasks
 from services.bus import codec
+from services.bus.election import detector_from_url
 from services.bus.epoch import EpochFence
 from services.bus.log import get_logger
 from services.bus.peer import RouterServer
@@ -45,7 +48,9 @@ RECONCILIATION = common_pb2.TaskStatus.Reason.REASON_RECONCILIATION
 
 Role = codec.Role
 FRONT_PAYLOADS = frozenset({"agent_call", "scheduler_call", "operator_call"})
-INTERNAL_ROLES = frozenset({Role.Value("ROLE_BROKER"), Role.Value("ROLE_ALLOCATOR")})
+INTERNAL_ROLE_NAMES: dict[int, str] = {Role.Value("ROLE_BROKER"): "broker",
+                                        Role.Value("ROLE_ALLOCATOR"): "allocator"}
+INTERNAL_ROLES = frozenset(INTERNAL_ROLE_NAMES)
 MAX_TIMED_LAUNCHES = 100_000  # launches awaiting RUNNING for the latency histogram
 
 
@@ -70,10 +75,18 @@ class MasterShell(ServiceKit):
             self.reactor, self.ctx, f"{tcp}:{config.front_port or '*'}", self.sender,
             self._on_front, on_peer_gone=self._on_peer_gone, heartbeat=self.beat,
             stats=self.stats, name="front")
+        # The internal port acts only on the elected broker and allocator, at their epochs,
+        # as this master's own detectors of those roles know them (services/bus/epoch.py).
+        self.internal_fence = EpochFence(INTERNAL_ROLES)
         self.internal = RouterServer(
             self.reactor, self.ctx, f"{tcp}:{config.internal_port or '*'}", self.sender,
             self._on_internal, on_peer_gone=self._on_peer_gone, heartbeat=self.beat,
-            stats=self.stats, fence=EpochFence(INTERNAL_ROLES), name="internal")
+            stats=self.stats, fence=self.internal_fence, name="internal")
+        self.detectors = {role: detector_from_url(config.election_url, name)
+                          for role, name in INTERNAL_ROLE_NAMES.items()}
+        for role, detector in self.detectors.items():
+            self.reactor.add_reader(detector, partial(self._on_detector, role))
+            detector.start()
         self.publisher = StatePublisher(
             self.reactor, self.ctx, self.sender, pub_bind=f"{tcp}:{config.pub_port or '*'}",
             snapshot_bind=f"{tcp}:{config.snapshot_port or '*'}", epoch=0,
@@ -91,7 +104,8 @@ class MasterShell(ServiceKit):
         self._register_metrics()
         self._register_handlers()
         self.reactor.on_idle(self._flush)
-        self.join_election(config.election_url, lead=self._lead, step_down=self._step_down)
+        self.join_election(config.election_url, lead=self._lead, pause=self._pause,
+                           resume=self._resume, step_down=self._step_down)
         log.info("master started", id=config.master_id, **self.endpoints)
 
     # -- leadership ----------------------------------------------------------------------
@@ -113,12 +127,34 @@ class MasterShell(ServiceKit):
                  recovered_agents=len((recovered or {}).get("agents", {})),
                  recovered_frameworks=len((recovered or {}).get("frameworks", {})))
 
+    def _pause(self, reason: str) -> None:
+        """Act on nothing (calls are held, no timer fires, the stream neither beats nor
+        serves snapshots) and keep everything: the same reign may resume."""
+        self.driver.detach()
+        self.publisher.pause()
+
+    def _resume(self, epoch: int) -> None:
+        """The same reign goes on: the same core, the stream from its sequence number; the
+        lifecycle then runs the calls held meanwhile, in order."""
+        assert self.core is not None
+        self.driver.attach(self.core)
+        self.publisher.resume()
+        log.info("resumed", epoch=epoch, held_publish=len(self._pending_publish))
+
     def _step_down(self, reason: str) -> None:
         self.driver.detach()
         self.core = None
         self._pending_publish.clear()
         self._staged.clear()
         self.publisher.deactivate()
+
+    def _on_detector(self, role: int) -> None:
+        """Who leads the broker's or the allocator's role: the one the internal port admits."""
+        for event in self.detectors[role].events():
+            self.internal_fence.follow(role, event.leader)
+            log.info("internal leader", role=INTERNAL_ROLE_NAMES[role],
+                     leader=f"{event.leader.member_id}@{event.leader.epoch}"
+                     if event.leader else "-")
 
     # -- inbound -------------------------------------------------------------------------
     def _on_front(self, peer: bytes, env: codec.Envelope) -> None:
@@ -127,6 +163,8 @@ class MasterShell(ServiceKit):
             self._reject(self.front, peer, bus_pb2.UNEXPECTED,
                          f"the master's front takes agent, scheduler and operator calls, "
                          f"not {kind}", env.message_id)
+            return
+        if self._held(self.front, peer, env, lambda: self._on_front(peer, env)):
             return
         core = self._core_or_reject(self.front, peer, env)
         if core is None:
@@ -146,6 +184,8 @@ class MasterShell(ServiceKit):
             self._reject(self.internal, peer, bus_pb2.UNEXPECTED,
                          "the internal endpoint is for the offer-broker and allocator",
                          env.message_id)
+            return
+        if self._held(self.internal, peer, env, lambda: self._on_internal(peer, env)):
             return
         core = self._core_or_reject(self.internal, peer, env)
         if core is None:
@@ -208,6 +248,19 @@ class MasterShell(ServiceKit):
                 spans.REASON: common_pb2.TaskStatus.Reason.Name(st.reason)
                 + (f": {st.message}" if st.message else "")}).end()
 
+    def _held(self, server: RouterServer, peer: bytes, env: codec.Envelope,
+              again: Callable[[], None]) -> bool:
+        """While the reign is paused: the call waits for it to resume (True), or is refused
+        NOT_LEADER when too many wait already."""
+        if not self.paused:
+            return False
+        if not self.held_while_paused(again):
+            self.stats.inc("calls_refused{reason=paused}")
+            self._reject(server, peer, bus_pb2.NOT_LEADER,
+                         f"master {self.config.master_id} is paused (its ZooKeeper session "
+                         "is in doubt); retry", env.message_id)
+        return True
+
     def _core_or_reject(self, server: RouterServer, peer: bytes,
                         env: codec.Envelope) -> MasterCore | None:
         if self.core is None:
@@ -217,6 +270,11 @@ class MasterShell(ServiceKit):
         return self.core
 
     def _on_peer_gone(self, peer: bytes) -> None:
+        if self.paused:
+            if not self.held_while_paused(lambda: self._on_peer_gone(peer)):
+                log.error("peer gone while paused, and too many calls held: not told to "
+                          "the core", peer=peer.decode(errors="replace"))
+            return
         core = self.core
         if core is not None:
             self.driver.step(lambda now: core.peer_gone(peer, now))
@@ -301,12 +359,13 @@ class MasterShell(ServiceKit):
             self.registry.store(document, self.sender.epoch)
         except StaleEpoch as exc:
             log.error("registry fenced: a newer master leads; stepping down", error=str(exc))
-            self._step_down("registry fenced")
             if self.leader is not None:
-                self.leader.epoch = None
+                self.leader.abdicate("registry fenced")  # and stand again, for a new epoch
+            else:
+                self._step_down("registry fenced")
 
     def _flush(self) -> None:
-        if self._pending_publish and self.core is not None:
+        if self._pending_publish and self.core is not None and not self.paused:
             entries, self._pending_publish = self._pending_publish, []
             self.publisher.publish(entries)
 
@@ -320,6 +379,7 @@ class MasterShell(ServiceKit):
                             json.dumps({"leading": False, "id": self.config.master_id}).encode())
         state: dict[str, Any] = {"master_id": self.config.master_id,
                                  "epoch": self.leader.epoch if self.leader else None,
+                                 "paused": self.paused,
                                  "cluster_id": self.core.cluster_id,
                                  "agents": [], "frameworks": [], "tasks": [], "roles": []}
         for entry in self.core.snapshot_entries():
@@ -355,6 +415,12 @@ class MasterShell(ServiceKit):
 
     # -- lifecycle -----------------------------------------------------------------------
     def close(self, linger_ms: int = 0) -> None:
+        def close_detectors() -> None:
+            for detector in self.detectors.values():
+                self.reactor.remove_reader(detector)
+                detector.close()
+
+        self.on_close(close_detectors)
         self.on_close(self.registry.close)
         self.on_close(self.publisher.close)
         self.on_close(self.internal.close)

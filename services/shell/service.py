@@ -70,12 +70,14 @@ class ServiceKit:
         return {}
 
     def healthy(self) -> bool:
-        """/health answers 200 when true, 503 otherwise (elected roles: while leading)."""
+        """/health answers 200 when true, 503 otherwise (elected roles: while leading, not
+        while paused)."""
         return self.leader is None or self.leader.leading
 
     def _http_health(self, query: dict[str, list[str]]) -> Response:
         body = {"service": self.service, "id": self.member_id,
                 "leading": self.leader.leading if self.leader else None,
+                "paused": self.leader.paused if self.leader else None,
                 "epoch": self.leader.epoch if self.leader else None,
                 "endpoints": self.endpoints, **self.health()}
         return Response(200 if self.healthy() else 503, "application/json",
@@ -86,11 +88,17 @@ class ServiceKit:
 
     # -- leadership ----------------------------------------------------------------------------
     def join_election(self, url: str, *, lead: Callable[[int], None],
+                      pause: Callable[[str], None], resume: Callable[[int], None],
                       step_down: Callable[[str], None]) -> LeaderLifecycle:
-        """Contend for this role's leadership, advertising `self.endpoints`."""
+        """Contend for this role's leadership, advertising `self.endpoints`. The callbacks
+        follow services/shell/leader.py: `lead` a new reign, `pause` it (act on nothing,
+        keep the state), `resume` it, `step_down` (drop the state)."""
         leaderships = self.metrics.leadership(
             elected=lambda: self.leader is not None and self.leader.leading,
             epoch=lambda: (self.leader.epoch or 0) if self.leader else 0)
+        self.metrics.gauge("paused", "1 while this instance's reign is paused (its "
+                           "coordinator connection in doubt), else 0.",
+                           value=lambda: float(self.leader is not None and self.leader.paused))
 
         def on_lead(epoch: int) -> None:
             self.sender.epoch = epoch
@@ -98,8 +106,19 @@ class ServiceKit:
             lead(epoch)
 
         self.leader = LeaderLifecycle(self.reactor, url, self.service, self.member_id,
-                                      self.endpoints, lead=on_lead, step_down=step_down)
+                                      self.endpoints, lead=on_lead, pause=pause,
+                                      resume=resume, step_down=step_down, stats=self.stats)
         return self.leader
+
+    def held_while_paused(self, call: Callable[[], None]) -> bool:
+        """True when this service's reign is paused and `call` was held to run when it
+        resumes; False when not paused, or (counted) when the hold is full: the caller
+        then answers the request itself (NOT_LEADER)."""
+        return self.leader is not None and self.leader.hold(call)
+
+    @property
+    def paused(self) -> bool:
+        return self.leader is not None and self.leader.paused
 
     # -- lifecycle ---------------------------------------------------------------------------
     def on_close(self, fn: Callable[[], None]) -> None:

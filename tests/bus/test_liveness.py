@@ -1,4 +1,4 @@
-"""Heartbeat liveness, reconnect backoff and epoch fencing: pure, with time passed in."""
+"""Heartbeat liveness and reconnect backoff: pure, with time passed in (fencing: test_fence.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.bus.epoch import EpochFence
 from services.bus.liveness import Backoff, Liveness, PeerTable
 
 
@@ -58,36 +57,6 @@ def test_backoff_grows_to_its_cap_and_resets(seed: int) -> None:
 def test_backoff_rejects_nonsense() -> None:
     with pytest.raises(ValueError):
         Backoff(initial=3.0, cap=1.0)
-
-
-MASTER, AGENT = 1, 4
-
-
-def test_fence_drops_below_highest_per_role() -> None:
-    fence = EpochFence(frozenset({MASTER}))
-    assert fence.admit(MASTER, 7)
-    assert fence.admit(MASTER, 7)
-    assert not fence.admit(MASTER, 6)
-    assert fence.admit(MASTER, 9)
-    assert not fence.admit(MASTER, 7)
-    assert fence.admit(AGENT, 0)  # unfenced role
-
-
-def test_fence_learns_epochs_from_the_detector() -> None:
-    fence = EpochFence()
-    fence.observe(MASTER, 12)
-    assert not fence.admit(MASTER, 11)
-    fence.observe(MASTER, 3)  # never lowers the bar
-    assert fence.highest(MASTER) == 12
-
-
-@given(st.lists(st.integers(min_value=0, max_value=50), max_size=60))
-def test_fence_admits_exactly_the_running_maximum(epochs: list[int]) -> None:
-    fence = EpochFence()
-    highest = 0
-    for e in epochs:
-        assert fence.admit(MASTER, e) == (e >= highest)
-        highest = max(highest, e)
 
 
 def test_stats_are_exported_as_typed_prometheus_counters() -> None:

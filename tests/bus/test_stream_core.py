@@ -106,6 +106,15 @@ class StreamMachine(RuleBasedStateMachine):
         self.pub.apply(list(old.store.values()))
 
     @rule()
+    def publisher_restart_at_the_same_epoch(self) -> None:
+        """The same publisher leads again at its epoch with another state (a reign that was
+        not resumed): its successor skips a sequence number, so no subscriber can mistake
+        the new deltas for old ones or for a continuation."""
+        old = self.pub
+        keep = [e for k, e in sorted(old.store.items()) if not k.endswith("0")]
+        self.pub = old.successor(old.epoch, keep)
+
+    @rule()
     def silence(self) -> None:
         self.handle(self.sub.on_publisher_silent())
 
@@ -140,10 +149,89 @@ TestStream.settings = settings(max_examples=150, stateful_step_count=40, deadlin
 
 def test_split_by_size_respects_the_limit_and_order() -> None:
     entries = [entry(f"k/{i}", i) for i in range(100)]
-    batches = split_by_size(entries, 300)
+    batches, too_large = split_by_size(entries, 300)
     assert [e.key for b in batches for e in b] == [e.key for e in entries]
     assert all(sum(e.ByteSize() + 8 for e in b) <= 300 for b in batches)
-    assert len(batches) > 1
+    assert len(batches) > 1 and too_large == []
+
+
+def big(key: str, size: int) -> StateEntry:
+    e = StateEntry(key=key)
+    e.value.task.framework_id = "x" * size
+    return e
+
+
+def test_an_entry_near_the_limit_goes_alone_and_one_above_it_is_refused() -> None:
+    """Issue 10 (defect 2's tail): one entry near or over the frame limit used to raise
+    ValueError out of the publisher (and the master's reactor)."""
+    limit = 4000
+    near = big("task/near", limit - 8 - 20)
+    assert near.ByteSize() + 8 <= limit
+    over = big("task/over", limit)
+    small = [entry(f"k/{i}", i) for i in range(3)]
+    batches, too_large = split_by_size([small[0], near, small[1], over, small[2]], limit)
+    assert [[e.key for e in b] for b in batches] == [["k/0"], ["task/near"], ["k/1", "k/2"]]
+    assert [e.key for e in too_large] == ["task/over"]
+
+
+def test_the_publisher_refuses_an_entry_too_large_for_a_frame_and_goes_on() -> None:
+    pub = PublisherCore(epoch=1, max_bytes=1024 + 4000)
+    pub.apply([entry("task/1", 1)])
+    deltas, refused = pub.publish([big("task/1", 10_000), entry("task/2", 2)])
+    assert [e.key for e in refused] == ["task/1"]
+    assert [e.key for d in deltas for e in d.entries] == ["task/2"]
+    assert pub.store["task/1"] == entry("task/1", 1), "the stream keeps what it last carried"
+    assert pub.snapshot()[0].entries  # snapshots stay within the limit
+
+
+def synced(pub: PublisherCore) -> SubscriberCore:
+    sub = SubscriberCore()
+    sub.start()
+    for chunk in pub.snapshot():
+        sub.on_snapshot_chunk(chunk)
+    assert sub.phase is Phase.SYNCED
+    return sub
+
+
+def test_a_publisher_restarted_at_the_same_epoch_makes_subscribers_resync() -> None:
+    """Issue 10, defect 4: a master re-leading at its epoch restarted the stream at seq 0,
+    and subscribers dropped its deltas as duplicates (or applied a later one as if it
+    followed theirs)."""
+    old = PublisherCore(epoch=5, max_bytes=4096)
+    for i in range(3):
+        old.apply([entry(f"agent/{i}", i)])
+    sub = synced(old)
+    new = old.successor(5, [entry("agent/9", 9)])
+    assert new.epoch == 5 and new.seq > old.seq, "the sequence never goes back in one epoch"
+    first = new.apply([entry("framework/1", 1)])[0]
+    assert isinstance(sub.on_delta(first)[0], RequestSnapshot)
+    sub = synced(old)
+    assert isinstance(sub.on_delta(new.heartbeat())[0], RequestSnapshot)
+
+
+def test_a_stream_going_backwards_in_one_epoch_is_resynced_never_dropped() -> None:
+    """Belt and braces: whatever restarted a publisher at its epoch from seq 0, a delta or
+    heartbeat behind the subscriber's position within one epoch means it restarted."""
+    pub = PublisherCore(epoch=5, max_bytes=4096)
+    for i in range(3):
+        pub.apply([entry(f"agent/{i}", i)])
+    restarted = PublisherCore(epoch=5, max_bytes=4096)
+    for message in (restarted.heartbeat(), restarted.apply([entry("framework/1", 1)])[0]):
+        sub = synced(pub)
+        assert sub.on_delta(pub.heartbeat()) == []  # the SUB stream reached the snapshot
+        assert isinstance(sub.on_delta(message)[0], RequestSnapshot)
+
+
+def test_deltas_older_than_the_snapshot_arriving_late_are_skipped_not_resynced() -> None:
+    """The snapshot comes on another socket than the deltas: ones published before it may
+    arrive after it. They are skipped (the Clone pattern), until the SUB stream catches up."""
+    pub = PublisherCore(epoch=5, max_bytes=4096)
+    late = [d for i in range(3) for d in pub.apply([entry(f"agent/{i}", i)])]
+    sub = synced(pub)
+    assert [sub.on_delta(d) for d in late] == [[], [], []]
+    assert sub.phase is Phase.SYNCED
+    nxt = pub.apply([entry("agent/9", 9)])[0]
+    assert sub.on_delta(nxt) == [Changed(list(nxt.entries))]
 
 
 def test_late_subscriber_converges_from_a_snapshot_then_deltas() -> None:
