@@ -47,9 +47,14 @@ class Master:
         self.reactor = Reactor()
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self.sender = Sender("m1", codec.Role.Value("ROLE_MASTER"))
+        # Like the real master: the internal port acts only on the elected broker.
+        self.fence = EpochFence(frozenset({BROKER}))
         self.internal = RouterServer(self.reactor, self.ctx, "tcp://127.0.0.1:*", self.sender,
-                                     self._on_internal, fence=EpochFence(frozenset({BROKER})),
-                                     name="internal")
+                                     self._on_internal, fence=self.fence, name="internal")
+        self.brokers = StandaloneDetector(run_dir, "broker")
+        self.reactor.add_reader(self.brokers, lambda: [
+            self.fence.follow(BROKER, e.leader) for e in self.brokers.events()])
+        self.brokers.start()
         self.publisher = StatePublisher(self.reactor, self.ctx, self.sender,
                                         pub_bind="tcp://127.0.0.1:*",
                                         snapshot_bind="tcp://127.0.0.1:*", epoch=0)
@@ -117,6 +122,8 @@ class Master:
         return [o for ev in self.events("offers", start) for o in ev.offers]
 
     def close(self) -> None:
+        self.reactor.remove_reader(self.brokers)
+        self.brokers.close()
         self.contender.close()
         self.internal.close()
         self.publisher.close()

@@ -16,6 +16,7 @@ import zmq
 
 from services.bus import codec
 from services.bus.curve import CurveAuthority, CurveClient, CurveServer, KeyPair
+from services.bus.election import LeaderInfo
 from services.bus.epoch import EpochFence
 from services.bus.peer import DealerClient, HeartbeatConfig, RouterServer, Sender
 from services.bus.reactor import Reactor
@@ -163,9 +164,10 @@ def test_stale_epoch_messages_are_dropped_and_answered(
 ) -> None:
     reactor = Reactor()
     delivered: list[codec.Envelope] = []
+    fence = EpochFence(frozenset({MASTER}))
+    fence.follow(MASTER, LeaderInfo("master", "test", 8, {}))  # what the detector says
     server = RouterServer(reactor, ctx, "tcp://127.0.0.1:*", Sender("broker-1", 3),
-                          lambda p, e: delivered.append(e),
-                          fence=EpochFence(frozenset({MASTER})))
+                          lambda p, e: delivered.append(e), fence=fence)
     new_master = ctx.socket(zmq.DEALER)
     old_master = ctx.socket(zmq.DEALER)
     for s in (new_master, old_master):
