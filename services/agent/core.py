@@ -114,7 +114,8 @@ class AgentCore:
                           self.frameworks.get(t.framework_id, common_pb2.FrameworkInfo()),
                           launched_at=now, pid=info.pid if info else 0,
                           container_id=info.container_id if info else "",
-                          state=latest or t.latest_status.state or TaskState.TASK_STAGING)
+                          state=latest or t.latest_status.state or TaskState.TASK_STAGING,
+                          recovered=True)
             self._add(ex)
         self._recovery_deadline = now + EXECUTOR_REREGISTRATION_TIMEOUT_S
 
@@ -182,6 +183,8 @@ class AgentCore:
             if self.registration is Registration.REFUSED:
                 return []
             return self._registered(reply.agent_id, reply.master_epoch, reply.cluster_id, now)
+        if kind == "shutdown" and self.registration is Registration.REGISTERING:
+            return self._shutdown(now)  # the answer to re-registering a gone agent
         if self.registration is not Registration.REGISTERED:
             return []  # from a master we are not registered with: ignore until we are
         if kind == "run_tasks":
@@ -200,15 +203,11 @@ class AgentCore:
             return self._reconcile(event.reconcile, now)
         if kind == "shutdown_framework":
             fid = event.shutdown_framework.framework_id
-            cmds = []
-            for ex in [e for e in self.executors.values() if e.framework_id == fid]:
-                cmds += self.kill(fid, ex.task_id, None, now)
+            cmds = [cmd for ex in list(self.executors.values()) if ex.framework_id == fid
+                    for cmd in self.kill(fid, ex.task_id, None, now)]
             return cmds + self._updates(self.updates.forget_framework(fid))
         if kind == "shutdown":
-            cmds = []
-            for ex in list(self.executors.values()):
-                cmds += self.kill(ex.framework_id, ex.task_id, None, now)
-            return cmds
+            return self._shutdown(now)
         if kind == "logs_request":
             req = event.logs_request
             ex_id = self.by_task.get((req.framework_id, req.task_id))
@@ -218,6 +217,10 @@ class AgentCore:
             wanted = req.max_bytes or DEFAULT_LOG_BYTES
             return [FetchLogs(req, ex_id, min(wanted, MAX_LOG_BYTES))]
         return []
+
+    def _shutdown(self, now: float) -> list[Command]:
+        return [cmd for ex in list(self.executors.values())
+                for cmd in self.kill(ex.framework_id, ex.task_id, None, now)]
 
     def _registered(self, agent_id: str, epoch: int, cluster_id: str,
                     now: float) -> list[Command]:
@@ -386,11 +389,12 @@ class AgentCore:
                                    "the executor exited before its task ended")
 
     def _executor_gone(self, ex: Executor, reason: TaskStatus.Reason.ValueType,
-                       message: str) -> list[Command]:
+                       message: str, state: TaskState.ValueType = TaskState.TASK_FAILED,
+                       ) -> list[Command]:
         ex.exited = True
         ex.peer = None
         ex.stopping = True
-        ex.gone_reason, ex.gone_message = reason, message
+        ex.gone_state, ex.gone_reason, ex.gone_message = state, reason, message
         return [self._stop_command(ex)]
 
     def _stop_command(self, ex: Executor) -> StopContainers:
@@ -431,7 +435,7 @@ class AgentCore:
                                   containers=len(removed)))
         if not tasks.is_terminal(ex.state):
             cmds += self._agent_update(ex.framework_id, ex.task_id, ex.executor_id,
-                                       TaskState.TASK_FAILED, ex.gone_reason,
+                                       ex.gone_state, ex.gone_reason,
                                        f"{ex.gone_message}; {stopped}", now)
         if self.registration is Registration.REGISTERED:
             call = agent_pb2.AgentCall(agent_id=self.agent_id)
@@ -542,7 +546,11 @@ class AgentCore:
             if ex.stop_retry_at is not None:
                 ex.stop_retry_at = None
                 cmds.append(self._stop_command(ex))
-            elif self._recovery_deadline is not None and ex.pid > 0:
+            elif ex.recovered and ex.pid <= 0 and ex.state == TaskState.TASK_STAGING:
+                cmds += self._executor_gone(ex, TaskStatus.REASON_AGENT_RESTARTED,
+                                            "the agent restarted before this task's executor "
+                                            "started", state=TaskState.TASK_DROPPED)
+            elif ex.recovered:
                 cmds += self._executor_gone(ex, TaskStatus.REASON_EXECUTOR_REREGISTRATION_TIMEOUT,
                                             "the executor never re-subscribed")
             else:
@@ -556,7 +564,7 @@ class AgentCore:
             return ex.stop_retry_at
         if ex.peer is not None or ex.exited or tasks.is_terminal(ex.state):
             return None
-        if self._recovery_deadline is not None and ex.pid > 0:
+        if ex.recovered and self._recovery_deadline is not None:
             return self._recovery_deadline
         return ex.launched_at + EXECUTOR_REGISTRATION_TIMEOUT_S
 

@@ -35,8 +35,10 @@ class Executor:
     stopping: bool = False
     stop_attempts: int = 0
     stop_retry_at: float | None = None
+    gone_state: TaskState.ValueType = TaskState.TASK_FAILED
     gone_reason: common_pb2.TaskStatus.Reason.ValueType = TaskStatus.REASON_EXECUTOR_TERMINATED
     gone_message: str = ""
+    recovered: bool = False  # from the checkpoint after a restart: it must come back
     # Handed to the executor with its Launch (whenever it subscribes): the master's
     # RunTasks.Launch.traceparent, until the shell's `run` span replaces it (launch_traced).
     traceparent: str = ""

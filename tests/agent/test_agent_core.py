@@ -298,6 +298,59 @@ def test_a_task_whose_end_was_acknowledged_before_a_crash_is_not_failed_after_it
     assert forwarded == []
 
 
+def test_a_launch_whose_executor_never_started_before_a_crash_is_dropped_not_failed() -> None:
+    """The agent took a RunTasks, saved it, and died before its executor was forked (or
+    before the pid was saved): after the restart the task is given the re-registration
+    window, then reported TASK_DROPPED (it never ran), not FAILED 30 s later."""
+    core = AgentCore(info(), now=0.0)
+    registered(core)
+    [saved] = [c.state for c in run_task(core, "t1") if isinstance(c, SaveState)]
+    ex_id = saved.executors[0].executor_id
+    again = AgentCore(saved.agent_info, now=10.0, recovered=saved)
+    registered(again, 10.0)
+    assert again.next_deadline() == 20.0
+    [stop] = durable(again, again.tick(20.0), 20.0)
+    assert isinstance(stop, StopContainers)  # a container it may have started goes first
+    durable(again, again.containers_stopped(ex_id, [], "", 20.5), 20.5)
+    [fwd] = [c for c in durable(again, again.tick(20.5), 20.5) if isinstance(c, ToMaster)
+             and c.call.WhichOneof("call") == "status_updates"]
+    [dropped] = [u.status for u in fwd.call.status_updates.updates]
+    assert dropped.state == S.TASK_DROPPED
+    assert dropped.reason == common_pb2.TaskStatus.REASON_AGENT_RESTARTED
+
+
+def test_a_task_launched_after_a_restart_gets_the_full_registration_timeout() -> None:
+    """The re-registration window is for the executors of the checkpoint only: a task
+    launched later on the restarted agent was failed the moment its pid was known ("the
+    executor never re-subscribed"), and its executor told to shut down when it came."""
+    core = AgentCore(info(), now=0.0)
+    registered(core)
+    again = AgentCore(core.state().agent_info, now=10.0, recovered=core.state())
+    registered(again, 10.0)
+    ex_id = next(c for c in run_task(again, "t2", now=60.0)
+                 if isinstance(c, LaunchExecutor)).executor_id
+    durable(again, again.executor_launched(ex_id, pid=4343), 60.0)
+    assert not [c for c in durable(again, again.tick(61.0), 61.0)
+                if isinstance(c, StopContainers)]
+    events = [c.event.WhichOneof("event") for c in subscribe(again, ex_id)
+              if isinstance(c, ToExecutor)]
+    assert events == ["subscribed", "launch"]
+
+
+def test_a_gone_agent_obeys_the_shutdown_that_answers_its_reregistration() -> None:
+    """The master refuses a gone agent's re-registration with Shutdown: the agent is not
+    registered, yet it must kill its tasks (it kept them running and retried forever)."""
+    core = AgentCore(info(), now=0.0)
+    registered(core)
+    ex_id = next(c for c in run_task(core, "t1") if isinstance(c, LaunchExecutor)).executor_id
+    subscribe(core, ex_id)
+    core.master_detected(5.0)  # re-registering with a new master
+    shutdown = agent_pb2.AgentEvent()
+    shutdown.shutdown.reason = "agent S1 was declared gone"
+    [kill] = durable(core, core.master_event(shutdown, 5.1), 5.1)
+    assert isinstance(kill, ToExecutor) and kill.event.WhichOneof("event") == "kill"
+
+
 def test_executor_that_never_comes_back_after_restart_fails_its_task() -> None:
     core = AgentCore(info(), now=0.0)
     registered(core)
