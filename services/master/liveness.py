@@ -159,6 +159,10 @@ class AgentLiveness(MasterState):
         if gone is not None:
             self._gone_check = min(self._gone_check or math.inf, gone)
 
+    def watched_peers(self) -> list[bytes]:
+        """The connections whose liveness the shell reports: agents', and those lost."""
+        return [*self.agent_peers, *self.lost_peers, *self._forgotten_peers]
+
     def _liveness_deadlines(self) -> list[float]:
         return [t for t in (self._unreachable_check, self._gone_check) if t is not None]
 

@@ -19,6 +19,7 @@ from services import tasks
 from services.bus import codec
 from services.bus.epoch import EpochFence
 from services.bus.log import get_logger
+from services.bus.mailbox import Mailbox
 from services.bus.peer import RouterServer
 from services.bus.reactor import Reactor
 from services.bus.statestream import StatePublisher
@@ -32,7 +33,16 @@ from services.master.commands import (
     ToOperator,
 )
 from services.master.core import MasterCore
-from services.master.registry import Registry, StaleEpoch, registry_from_url
+from services.master.heard import LivenessReporter
+from services.master.liveness import AGENT_GONE_TIMEOUT_S, AGENT_TIMEOUT_S, MAX_GONE_AGENTS
+from services.master.registry import (
+    Fenced,
+    Loaded,
+    RegistryEvent,
+    RegistryWriter,
+    StaleEpoch,
+    registry_from_url,
+)
 from services.shell.http import Response, json_response
 from services.shell.service import ServiceConfig, ServiceKit
 from services.telemetry import extract, span_traceparent, spans
@@ -59,6 +69,9 @@ class MasterConfig(ServiceConfig):
     pub_port: int = 0
     snapshot_port: int = 0
     agent_reregister_window_s: float = 60.0
+    agent_timeout_s: float = AGENT_TIMEOUT_S
+    agent_gone_timeout_s: float = AGENT_GONE_TIMEOUT_S
+    max_gone_agents: int = MAX_GONE_AGENTS
 
 
 class MasterShell(ServiceKit):
@@ -83,8 +96,15 @@ class MasterShell(ServiceKit):
             "front": self.front.endpoint, "internal": self.internal.endpoint,
             "pub": self.publisher.pub_endpoint, "snapshot": self.publisher.snapshot_endpoint})
         self.start_http({"/state": self._http_state})
-        self.registry: Registry = registry_from_url(config.registry_url)
+        # Registry I/O runs on the writer's thread; its results come back through a mailbox.
+        self._registry_events: Mailbox[RegistryEvent] = Mailbox()
+        self.reactor.add_reader(self._registry_events, self._on_registry_events)
+        self.registry = RegistryWriter(registry_from_url(config.registry_url),
+                                       self._registry_events.put)
         self.core: MasterCore | None = None
+        self.liveness = LivenessReporter(self.reactor, self.front, self.driver,
+                                         lambda: self.core,
+                                         min(0.25, config.heartbeat_interval / 4))
         self._broker: tuple[bytes, int] | None = None  # the broker's peer and epoch
         self._pending_publish: list[bus_pb2.StateEntry] = []
         self._staged: dict[tuple[str, str], float] = {}  # launch sent -> RUNNING, for latency
@@ -98,7 +118,10 @@ class MasterShell(ServiceKit):
     def _lead(self, epoch: int) -> None:
         self._broker = None
         self._pending_publish.clear()  # nothing of an earlier reign is published in this one
-        recovered = self.registry.load()
+        self.registry.load(epoch)  # on the writer's thread; the reign begins once loaded
+        log.info("loading the registry", epoch=epoch)
+
+    def _begin_reign(self, epoch: int, recovered: dict[str, Any] | None) -> None:
         # Randomness lives here, not in the core: a fresh cluster id (kept only when the
         # registry has none) and an id prefix unique to this leadership.
         self.core = MasterCore(
@@ -106,7 +129,10 @@ class MasterShell(ServiceKit):
             agent_reregister_window_s=self.config.agent_reregister_window_s,
             heartbeat_interval_ms=int(self.config.heartbeat_interval * 1000),
             recovered_registry=recovered, cluster_id=uuid.uuid4().hex,
-            id_prefix=f"{uuid.uuid4().hex[:8]}-{epoch}", now=self.driver.now())
+            id_prefix=f"{uuid.uuid4().hex[:8]}-{epoch}",
+            agent_timeout_s=self.config.agent_timeout_s,
+            agent_gone_timeout_s=self.config.agent_gone_timeout_s,
+            max_gone_agents=self.config.max_gone_agents, now=self.driver.now())
         self.publisher.restart(epoch, self.core.snapshot_entries())
         self.driver.attach(self.core)
         log.info("leading", epoch=epoch, cluster_id=self.core.cluster_id,
@@ -298,12 +324,28 @@ class MasterShell(ServiceKit):
 
     def _persist(self, document: dict[str, Any]) -> None:
         try:
-            self.registry.store(document, self.sender.epoch)
+            self.registry.store(document, self.sender.epoch)  # returns at once
         except StaleEpoch as exc:
-            log.error("registry fenced: a newer master leads; stepping down", error=str(exc))
-            self._step_down("registry fenced")
-            if self.leader is not None:
-                self.leader.epoch = None
+            self._registry_fenced(str(exc))
+
+    def _on_registry_events(self) -> None:
+        for event in self._registry_events.drain():
+            leading = self.leader.epoch if self.leader is not None else None
+            if isinstance(event, Loaded):
+                if event.epoch == leading and self.core is None:
+                    self._begin_reign(event.epoch, event.document)
+                else:
+                    log.info("registry loaded for an ended leadership; ignored",
+                             epoch=event.epoch, leading=leading)
+            elif isinstance(event, Fenced) and event.epoch == leading:
+                self._registry_fenced(f"registry written at epoch {event.stored_epoch}; "
+                                      f"ours is {event.epoch}")
+
+    def _registry_fenced(self, why: str) -> None:
+        log.error("registry fenced: a newer master leads; stepping down", error=why)
+        self._step_down("registry fenced")
+        if self.leader is not None:
+            self.leader.epoch = None
 
     def _flush(self) -> None:
         if self._pending_publish and self.core is not None:
@@ -340,6 +382,15 @@ class MasterShell(ServiceKit):
                          lambda: self._count("task"))
         m.gauge("frameworks", "Frameworks known to the leading master.",
                 value=lambda: float(len(self.core.frameworks)) if self.core else 0.0)
+        reg = self.registry
+        m.counter_function("registry_writes", "Registry documents written.",
+                           lambda: float(reg.writes))
+        m.counter_function("registry_failures", "Registry writes and loads that failed (each "
+                           "retried).", lambda: float(reg.failures))
+        m.counter_function("registry_refused", "Registry documents refused: larger than the "
+                           "znode limit.", lambda: float(reg.refused))
+        m.gauge("registry_pending", "Registry operations waiting or in flight.",
+                value=lambda: float(reg.pending))
 
     def _count(self, kind: str) -> dict[str, float]:
         counts: Counter[str] = Counter()
@@ -355,8 +406,13 @@ class MasterShell(ServiceKit):
 
     # -- lifecycle -----------------------------------------------------------------------
     def close(self, linger_ms: int = 0) -> None:
-        self.on_close(self.registry.close)
+        self.on_close(self._close_registry)
         self.on_close(self.publisher.close)
         self.on_close(self.internal.close)
         self.on_close(self.front.close)
         super().close(linger_ms)
+
+    def _close_registry(self) -> None:
+        self.registry.close()
+        self.reactor.remove_reader(self._registry_events)
+        self._registry_events.close()
