@@ -105,7 +105,8 @@ class AgentHandlers(AgentLiveness):
         if rereg and not aid:
             return reject(bus_pb2.INVALID, "Reregister needs the agent's id")
         if known is not None and known.status == GONE:
-            if rereg:
+            if rereg:  # told to shut down: no more asking it to re-register
+                self._forget_lost_peer(aid)
                 return [*reject(bus_pb2.NOT_FOUND, f"agent {aid!r} was declared gone"),
                         ToAgent(peer, aid, agent_pb2.AgentEvent(shutdown=agent_pb2.AgentEvent
                                 .Shutdown(reason=f"agent {aid} was declared gone")))]

@@ -14,6 +14,7 @@ from services.bus.peer import RouterServer
 from services.bus.reactor import Reactor
 from services.master.core import MasterCore
 from services.shell.driver import CoreDriver
+from services.shell.metrics import Metrics
 
 
 class LivenessReporter:
@@ -21,7 +22,8 @@ class LivenessReporter:
     wall-clock times, like every other call."""
 
     def __init__(self, reactor: Reactor, front: RouterServer, driver: CoreDriver,
-                 core: Callable[[], MasterCore | None], interval: float) -> None:
+                 core: Callable[[], MasterCore | None], interval: float,
+                 metrics: Metrics | None = None) -> None:
         self.reactor, self.front, self.driver, self.core = reactor, front, driver, core
         self.interval = interval
         self._last: dict[bytes, float] = {}  # what was reported, to send only changes
@@ -30,6 +32,14 @@ class LivenessReporter:
         self.reports = 0
         self.incomplete = 0  # reports made while the front socket still had frames waiting
         reactor.on_idle(self.report)
+        if metrics is not None:
+            metrics.counter_function(
+                "liveness_reports", "Agent liveness reports given to the core.",
+                lambda: float(self.reports))
+            metrics.counter_function(
+                "liveness_reports_incomplete", "Liveness reports made while frames still "
+                "waited on the front socket (no evidence of an agent's silence).",
+                lambda: float(self.incomplete))
 
     def report(self) -> None:
         core = self.core()

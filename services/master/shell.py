@@ -104,7 +104,7 @@ class MasterShell(ServiceKit):
         self.core: MasterCore | None = None
         self.liveness = LivenessReporter(self.reactor, self.front, self.driver,
                                          lambda: self.core,
-                                         min(0.25, config.heartbeat_interval / 4))
+                                         min(0.25, config.heartbeat_interval / 4), self.metrics)
         self._broker: tuple[bytes, int] | None = None  # the broker's peer and epoch
         self._pending_publish: list[bus_pb2.StateEntry] = []
         self._staged: dict[tuple[str, str], float] = {}  # launch sent -> RUNNING, for latency

@@ -245,6 +245,8 @@ def test_an_agent_back_on_its_old_connection_after_it_is_gone_is_asked_and_refus
     assert ask.code == bus_pb2.NOT_REGISTERED
     cmds = reregister(core, b"a1", aid, [], now=T0 + 26.1)
     assert agent_events(cmds, "shutdown")
+    assert not rejects(core.agents_heard({b"a1": T0 + 29.9}, T0 + 30.0))  # told: not asked
+    core.validate()
 
 
 # -- pruning ---------------------------------------------------------------------------------
