@@ -34,6 +34,10 @@ OPTIONS = (
 
 
 def build(v: dict[str, Any]) -> MasterShell:
+    if v["agent_timeout"] < 2 * v["heartbeat"]:
+        raise ValueError(f"--agent-timeout {v['agent_timeout']:g} s is less than two heartbeats "
+                         f"(--heartbeat {v['heartbeat']:g} s): agents would be declared "
+                         "unreachable between two beats")
     return MasterShell(MasterConfig(
         master_id=v["id"], election_url=v["cluster"], registry_url=v["cluster"],
         front_port=v["port"], internal_port=v["internal_port"],
