@@ -71,6 +71,7 @@ class AgentLiveness(MasterState):
         # Lower bounds of the next agent deadlines (recomputed by _expire_agents).
         self._unreachable_check: float | None = None
         self._gone_check: float | None = None
+        self._checked_at = -math.inf  # when _expire_agents last ran
 
     # -- evidence ----------------------------------------------------------------------------
     def _agents_heard(self, heard: Mapping[bytes, float], complete: bool) -> list[Command]:
@@ -118,7 +119,7 @@ class AgentLiveness(MasterState):
     def _expire_agents(self) -> list[Command]:
         """Agents silent past the timeout (as of the latest complete report) -> unreachable;
         unreachable past the gone timeout -> gone. Recomputes the next deadlines."""
-        now = self._now
+        now = self._checked_at = self._now
         seen = self.observed_at
         silent: list[Agent] = []
         expired: list[Agent] = []
@@ -136,7 +137,9 @@ class AgentLiveness(MasterState):
                     expired.append(agent)
                 else:
                     next_gone = min(next_gone, due)
-        out: list[Command] = []
+        self._unreachable_check = next_silent if next_silent < math.inf else None
+        self._gone_check = next_gone if next_gone < math.inf else None
+        out: list[Command] = []  # (the transitions lower the checks they need)
         for agent in sorted(silent, key=lambda a: a.agent_id):
             out += self._agent_unreachable(
                 agent, f"agent {agent.agent_id} was silent for more than "
@@ -146,18 +149,16 @@ class AgentLiveness(MasterState):
                 agent, tasks.GONE, Reason.REASON_AGENT_REMOVED,
                 f"agent {agent.agent_id} was unreachable for more than "
                 f"{self.agent_gone_timeout_s:g} s")
-        self._unreachable_check = next_silent if next_silent < math.inf else None
-        self._gone_check = next_gone if next_gone < math.inf else None
-        if silent:
-            self._lower_checks(gone=now + self.agent_gone_timeout_s)
         return out
 
     def _lower_checks(self, unreachable: float | None = None, gone: float | None = None,
                       ) -> None:
         if unreachable is not None:
-            self._unreachable_check = min(self._unreachable_check or math.inf, unreachable)
+            self._unreachable_check = unreachable if self._unreachable_check is None else min(
+                self._unreachable_check, unreachable)
         if gone is not None:
-            self._gone_check = min(self._gone_check or math.inf, gone)
+            self._gone_check = gone if self._gone_check is None else min(self._gone_check,
+                                                                         gone)
 
     def watched_peers(self) -> list[bytes]:
         """The connections whose liveness the shell reports: agents', and those lost."""
@@ -265,5 +266,17 @@ class AgentLiveness(MasterState):
             assert peer not in self.agent_peers, "a lost peer is bound again"
             assert self.agents[lost.agent_id].status in (UNREACHABLE, GONE)
         assert sum(a.status == GONE for a in self.agents.values()) <= self.max_gone_agents
+        for agent in self.agents.values():
+            if agent.status == REGISTERED:
+                due = agent.last_seen + self.agent_timeout_s
+                assert self.observed_at is None or due > self.observed_at, \
+                    f"agent {agent.agent_id} is overdue but registered"
+                assert due <= self._checked_at or (self._unreachable_check is not None
+                                            and self._unreachable_check <= due), \
+                    f"no timer for agent {agent.agent_id}"
+            elif agent.status == UNREACHABLE:
+                due = agent.unreachable_since + self.agent_gone_timeout_s
+                assert self._gone_check is not None and self._gone_check <= due, \
+                    f"no timer for unreachable agent {agent.agent_id}"
         assert len(self._forgotten_peers) <= MAX_FORGOTTEN_PEERS
         assert not self._forgotten_peers.keys() & self.agent_peers.keys()

@@ -128,6 +128,7 @@ def _filler(approx_bytes: int) -> Any:
 def test_a_document_over_the_znode_limit_is_refused_and_the_last_one_stays(make: Make) -> None:
     writer, events = make()
     writer.store(DOC, epoch=3)
+    assert writer.flush(10)
     big = _filler(ZNODE_LIMIT + 50_000)
     writer.store(big, epoch=3)
     assert writer.flush(10), "the oversized document was retried instead of refused"
