@@ -48,7 +48,7 @@ class LivenessReporter:
         if core is None:
             return
         mono = self.reactor.now()
-        if mono - self._reported_at < self.interval:
+        if mono - self._reported_at < self.interval and not core.awaiting_report:
             return
         self._reported_at = mono
         complete = not int(self.front.sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN

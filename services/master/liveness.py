@@ -72,6 +72,9 @@ class AgentLiveness(MasterState):
         self._unreachable_check: float | None = None
         self._gone_check: float | None = None
         self._checked_at = -math.inf  # when _expire_agents last ran
+        # An agent is due and only a report can tell whether it beat: the shell reports at
+        # once, not at its usual pace.
+        self.awaiting_report = False
 
     # -- evidence ----------------------------------------------------------------------------
     def _agents_heard(self, heard: Mapping[bytes, float], complete: bool) -> list[Command]:
@@ -124,13 +127,16 @@ class AgentLiveness(MasterState):
         silent: list[Agent] = []
         expired: list[Agent] = []
         next_silent = next_gone = math.inf
+        self.awaiting_report = False
         for agent in self.agents.values():
             if agent.status == REGISTERED:
                 due = agent.last_seen + self.agent_timeout_s
                 if seen is not None and due <= seen:
                     silent.append(agent)
-                elif due > now:  # (due <= now: waiting for a report, which comes anyway)
+                elif due > now:
                     next_silent = min(next_silent, due)
+                else:  # due, but no report read since: the next one decides
+                    self.awaiting_report = True
             elif agent.status == UNREACHABLE:
                 due = agent.unreachable_since + self.agent_gone_timeout_s
                 if due <= now:

@@ -117,11 +117,13 @@ def test_the_deadline_is_a_timer_but_only_evidence_read_after_it_condemns() -> N
     aid = register(core, b"a1")
     reports(core, T0 + 0.5, T0 + 4.5)
     assert core.next_deadline() == T0 + 5.0
+    assert not core.awaiting_report
     assert not core.tick(T0 + 5.0) and status_of(core, aid) == REGISTERED
     deadline = core.next_deadline()
     assert deadline is None or deadline > T0 + 5.0  # waits for a report, does not spin
+    assert core.awaiting_report  # ... which the shell makes at once
     core.agents_heard({b"a1": T0 + 4.9}, T0 + 5.1)  # it had beaten: the beat was queued
-    assert status_of(core, aid) == REGISTERED
+    assert status_of(core, aid) == REGISTERED and not core.awaiting_report
     assert core.next_deadline() == T0 + 9.9
     reports(core, T0 + 5.5, T0 + 9.5)
     assert status_of(core, aid) == REGISTERED
