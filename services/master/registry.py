@@ -45,6 +45,7 @@ class StaleEpoch(Exception):
 class Backend(Protocol):
     """Blocking; called from one thread at a time (the writer's)."""
 
+    def connect(self) -> None: ...  # ready the connection (a standby, long before it leads)
     def load(self) -> Document | None: ...
     def write(self, data: bytes, epoch: int) -> None: ...  # raises StaleEpoch
     def close(self) -> None: ...
@@ -67,6 +68,9 @@ class FileRegistry:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
+
+    def connect(self) -> None:
+        pass
 
     def load(self) -> Document | None:
         try:
@@ -125,6 +129,9 @@ class ZooKeeperRegistry:
                 raise
             self._client = client
         return self._client
+
+    def connect(self) -> None:
+        self.client()
 
     def load(self) -> Document | None:
         data, _ = self.client().get_async(self.path).get(timeout=self.op_timeout)
@@ -214,6 +221,7 @@ class RegistryWriter:
         self.writes = self.failures = self.refused = self.fenced = 0
         self.fenced_by = 0  # the newest epoch seen in the registry that was not ours
         self._queue: deque[_Op] = deque()
+        self._loaded: Loaded | None = None  # the latest load's result
         self._busy = False
         self._closed = False
         self._cond = threading.Condition()
@@ -241,6 +249,15 @@ class RegistryWriter:
             self._queue.append(_Op("load", epoch))
             self._cond.notify_all()
 
+    def wait_loaded(self, epoch: int, timeout: float) -> Loaded | None:
+        """The load for `epoch`, if it completes within `timeout` s (the result also goes to
+        `on_event`)."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._loaded is not None
+                                and self._loaded.epoch == epoch, timeout)
+            loaded = self._loaded
+        return loaded if loaded is not None and loaded.epoch == epoch else None
+
     @property
     def pending(self) -> int:
         with self._cond:
@@ -262,6 +279,10 @@ class RegistryWriter:
 
     # -- the worker --------------------------------------------------------------------------
     def _run(self) -> None:
+        try:
+            self.backend.connect()
+        except Exception as exc:  # the first operation retries it
+            log.warning("registry not reachable yet", error=repr(exc))
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: bool(self._queue) or self._closed)
@@ -292,7 +313,11 @@ class RegistryWriter:
         while True:
             try:
                 if op.kind == "load":
-                    self.on_event(Loaded(op.epoch, self.backend.load()))
+                    loaded = Loaded(op.epoch, self.backend.load())
+                    with self._cond:
+                        self._loaded = loaded
+                        self._cond.notify_all()
+                    self.on_event(loaded)
                 else:
                     self.backend.write(data, op.epoch)
                     self.writes += 1

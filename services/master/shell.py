@@ -57,6 +57,7 @@ Role = codec.Role
 FRONT_PAYLOADS = frozenset({"agent_call", "scheduler_call", "operator_call"})
 INTERNAL_ROLES = frozenset({Role.Value("ROLE_BROKER"), Role.Value("ROLE_ALLOCATOR")})
 MAX_TIMED_LAUNCHES = 100_000  # launches awaiting RUNNING for the latency histogram
+REGISTRY_LOAD_WAIT_S = 0.5  # the most a registry load at leadership holds the reactor
 
 
 @dataclass
@@ -118,8 +119,17 @@ class MasterShell(ServiceKit):
     def _lead(self, epoch: int) -> None:
         self._broker = None
         self._pending_publish.clear()  # nothing of an earlier reign is published in this one
-        self.registry.load(epoch)  # on the writer's thread; the reign begins once loaded
-        log.info("loading the registry", epoch=epoch)
+        # The load runs on the writer's thread. It takes milliseconds, so the reign begins
+        # here (no moment when this leader has no state to serve); a slow one (ZooKeeper
+        # struggling) holds the reactor at most REGISTRY_LOAD_WAIT_S, then the reign begins
+        # when it is loaded (_on_registry_events) and calls are refused as "not leading".
+        self.registry.load(epoch)
+        loaded = self.registry.wait_loaded(epoch, REGISTRY_LOAD_WAIT_S)
+        if loaded is not None:
+            self._begin_reign(epoch, loaded.document)
+        else:
+            log.warning("registry not loaded yet; leading once it is", epoch=epoch,
+                        waited_s=REGISTRY_LOAD_WAIT_S)
 
     def _begin_reign(self, epoch: int, recovered: dict[str, Any] | None) -> None:
         # Randomness lives here, not in the core: a fresh cluster id (kept only when the
@@ -334,7 +344,7 @@ class MasterShell(ServiceKit):
             if isinstance(event, Loaded):
                 if event.epoch == leading and self.core is None:
                     self._begin_reign(event.epoch, event.document)
-                else:
+                elif event.epoch != leading:
                     log.info("registry loaded for an ended leadership; ignored",
                              epoch=event.epoch, leading=leading)
             elif isinstance(event, Fenced) and event.epoch == leading:
