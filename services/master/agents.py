@@ -1,5 +1,6 @@
 """The master's side of the agent protocol: admission (Register, Reregister and the rebuild
-of task records from an agent's report), status updates, and agents leaving or going silent."""
+of task records from an agent's report), status updates, log replies. Agents going silent,
+unreachable and gone are liveness.py's."""
 
 from __future__ import annotations
 
@@ -9,13 +10,12 @@ from dataclasses import dataclass, field
 from schemas import agent_pb2, bus_pb2, common_pb2, operator_pb2, scheduler_pb2
 from services import tasks
 from services.master.commands import Command, Reject, ToAgent, ToFramework, ToOperator
+from services.master.liveness import AgentLiveness
 from services.master.state import (
     GONE,
     REGISTERED,
-    UNREACHABLE,
     Agent,
     Framework,
-    MasterState,
     Reason,
     Task,
     TaskKey,
@@ -42,7 +42,7 @@ class _Plan:
     adopt: dict[str, common_pb2.FrameworkInfo] = field(default_factory=dict)
 
 
-class AgentHandlers(MasterState):
+class AgentHandlers(AgentLiveness):
     def _agent_call(self, peer: bytes, call: agent_pb2.AgentCall, message_id: str,
                     ) -> list[Command]:
         kind = call.WhichOneof("call")
@@ -105,7 +105,8 @@ class AgentHandlers(MasterState):
         if rereg and not aid:
             return reject(bus_pb2.INVALID, "Reregister needs the agent's id")
         if known is not None and known.status == GONE:
-            if rereg:
+            if rereg:  # told to shut down: no more asking it to re-register
+                self._forget_lost_peer(aid)
                 return [*reject(bus_pb2.NOT_FOUND, f"agent {aid!r} was declared gone"),
                         ToAgent(peer, aid, agent_pb2.AgentEvent(shutdown=agent_pb2.AgentEvent
                                 .Shutdown(reason=f"agent {aid} was declared gone")))]
@@ -142,8 +143,8 @@ class AgentHandlers(MasterState):
             known.unreachable_since = 0.0
         if was is not None and was.get("status") != "registered":
             self._registry_changed()
-        known.last_seen = self._now
         self._bind_agent(known, peer)
+        self._agent_back(known, peer)
         self._touch("agent", aid)
         out += self._apply_plan(known, plan)
         reply = agent_pb2.AgentEvent()
@@ -230,8 +231,17 @@ class AgentHandlers(MasterState):
         for task in plan.add:
             self._add_task(task)
         for task, status in plan.refresh:
+            back = task.state == tasks.UNREACHABLE and not tasks.is_terminal(status.state)
             if tasks.is_terminal(status.state) or status.state != task.state:
                 self._set_status(task, status, checked=False)
+            if back:  # its framework was told TASK_UNREACHABLE: tell it the task is back
+                told = copy_status(status)
+                told.reason = Reason.REASON_AGENT_REREGISTERED
+                told.source = common_pb2.TaskStatus.SOURCE_MASTER
+                told.uuid = b""  # the master's word: no acknowledgement expected
+                told.message = f"agent {agent.agent_id} re-registered with the task"
+                told.timestamp_us = int(self._now * 1_000_000)
+                self._notify(task.framework_id, told)
         for task in plan.kill:
             out += self._kill(task, None)
         for fid, tid in plan.kill_unrecorded:
@@ -305,46 +315,6 @@ class AgentHandlers(MasterState):
             if cmd is not None:
                 out.append(cmd)
         return out
-
-    # -- agents leaving ----------------------------------------------------------------
-    def _agent_unreachable(self, agent: Agent, why: str) -> list[Command]:
-        """Missed heartbeats (or replaced): its live tasks become TASK_UNREACHABLE (told as
-        TASK_LOST to frameworks that are not partition-aware); resources stay counted."""
-        if agent.status != REGISTERED:
-            return []
-        self._unbind_agent(agent)
-        agent.status = UNREACHABLE
-        agent.status_since = agent.unreachable_since = self._now
-        self._touch("agent", agent.agent_id)
-        self._registry_changed()
-        for key in sorted(agent.tasks):
-            task = self.tasks[key]
-            if task.state != tasks.UNREACHABLE:
-                self._end_task(task, tasks.UNREACHABLE, Reason.REASON_AGENT_UNREACHABLE, why,
-                               unreachable_since=self._now)
-        out = self._failure_to_all(agent.agent_id)
-        return out + self._fail_log_requests(agent.agent_id, f"agent {agent.agent_id} is "
-                                             "unreachable")
-
-    def _agent_gone(self, agent: Agent, state: tasks.State, reason: int, why: str,
-                    ) -> list[Command]:
-        """Unregistered, or declared gone by an operator: its tasks end for good."""
-        was_registered = agent.status == REGISTERED
-        self._unbind_agent(agent)
-        agent.status = GONE
-        agent.status_since = self._now
-        self._touch("agent", agent.agent_id)
-        self._registry_changed()
-        for key in sorted(agent.tasks):
-            self._end_task(self.tasks[key], state, reason, why)  # type: ignore[arg-type]
-        out = self._failure_to_all(agent.agent_id) if was_registered else []
-        return out + self._fail_log_requests(agent.agent_id, f"agent {agent.agent_id} is gone")
-
-    def _failure_to_all(self, agent_id: str) -> list[Command]:
-        ev = scheduler_pb2.SchedulerEvent(
-            failure=scheduler_pb2.SchedulerEvent.Failure(agent_id=agent_id))
-        return [ToFramework(fw.peer, fw.framework_id, ev)
-                for fw in self.frameworks.values() if fw.peer is not None]
 
     def _logs_reply(self, agent: Agent, reply: agent_pb2.AgentCall.LogsReply) -> list[Command]:
         req = self.log_requests.get(reply.request_id)

@@ -2,9 +2,10 @@
 operator calls (decoded by the shell) and the time come in; commands (services/master/
 commands.py) come out. No sockets, no clock, no threads; bad input becomes a Reject.
 
-Tables and shared helpers live in state.py, the agent protocol in agents.py, the scheduler
-protocol in frameworks.py; this module adds the broker's messages (offers relayed, launches
-re-validated), operator calls, peers going silent, timers, and recovery after a failover.
+Tables and shared helpers live in state.py, the agent protocol in agents.py, agent liveness
+(unreachable, gone, pruned) in liveness.py, the scheduler protocol in frameworks.py; this
+module adds the broker's messages (offers relayed, launches re-validated), operator calls,
+peers going silent, timers, and recovery after a failover.
 
 Each public method returns, in order: PersistRegistry (if the registry changed), the
 messages to peers, one batched SchedulerEvent.Update per framework, one Publish."""
@@ -28,6 +29,7 @@ from services.bus.codec import DEFAULT_FRAME_LIMIT
 from services.master.agents import AgentHandlers
 from services.master.commands import Command, Reject, ToAgent, ToFramework, ToOperator
 from services.master.frameworks import Event, FrameworkHandlers
+from services.master.liveness import AGENT_GONE_TIMEOUT_S, AGENT_TIMEOUT_S, MAX_GONE_AGENTS
 from services.master.state import (
     GONE,
     LOGS_TIMEOUT_S,
@@ -71,14 +73,22 @@ class MasterCore(AgentHandlers, FrameworkHandlers):
                  recovered_registry: Mapping[str, object] | None = None,
                  max_completed_tasks: int = MAX_COMPLETED_TASKS,
                  cluster_id: str = "", id_prefix: str = "",
+                 agent_timeout_s: float = AGENT_TIMEOUT_S,
+                 agent_gone_timeout_s: float = AGENT_GONE_TIMEOUT_S,
+                 max_gone_agents: int = MAX_GONE_AGENTS,
+                 stall_threshold_s: float | None = None,
                  now: float | None = None) -> None:
         """`cluster_id`: a fresh id, used when the registry has none (a new cluster); the
-        registry's is kept otherwise. `id_prefix`: unique to this leadership (see state.py)."""
+        registry's is kept otherwise. `id_prefix`: unique to this leadership (see state.py).
+        Agent liveness (`agent_timeout_s`, `agent_gone_timeout_s`, `max_gone_agents`,
+        `stall_threshold_s`): see liveness.py."""
         super().__init__(master_id, epoch, agent_reregister_window_s=agent_reregister_window_s,
                          heartbeat_interval_ms=heartbeat_interval_ms,
                          max_completed_tasks=max_completed_tasks,
                          max_relay_bytes=MAX_RELAY_BYTES, cluster_id=cluster_id,
-                         id_prefix=id_prefix)
+                         id_prefix=id_prefix, agent_timeout_s=agent_timeout_s,
+                         agent_gone_timeout_s=agent_gone_timeout_s,
+                         max_gone_agents=max_gone_agents, stall_threshold_s=stall_threshold_s)
         self._offer_prefix: str | None = None
         kept = str((recovered_registry or {}).get("cluster_id") or "")
         if kept:
@@ -103,6 +113,9 @@ class MasterCore(AgentHandlers, FrameworkHandlers):
                                               hostname=str(entry.get("hostname", ""))),
                     status, Resources(), status_since=since,
                     unreachable_since=since if status == UNREACHABLE else 0.0)
+                if status == UNREACHABLE:
+                    self._lower_checks(gone=since + self.agent_gone_timeout_s)
+        self._prune_gone()  # a registry written under a larger bound
         for fid, entry in _section(doc, "frameworks").items():
             timeout = _num(entry.get("failover_timeout_s"))
             info = common_pb2.FrameworkInfo(
@@ -182,13 +195,21 @@ class MasterCore(AgentHandlers, FrameworkHandlers):
         self._begin(now)
         return self._end(self._operator_call(peer, call, message_id))
 
+    def agents_heard(self, heard: Mapping[bytes, float], now: float, complete: bool = True,
+                     ) -> list[Command]:
+        """The shell's liveness report: when each agent connection was last heard from (any
+        frame, heartbeats included; only those that changed need be given). `complete`: the
+        front socket was drained first, so `now` is evidence of silence (see liveness.py).
+        Agents silent past the timeout become unreachable here; an unreachable agent heard
+        again on its old connection is asked to re-register."""
+        self._begin(now)
+        return self._end(self._agents_heard(heard, complete))
+
     def peer_gone(self, peer: bytes, now: float) -> list[Command]:
-        """The bus says `peer` missed its heartbeats."""
+        """The bus says `peer` missed its heartbeats. For an agent that is no verdict: the
+        master's own agent timeout decides (liveness.py), on the reports of what it heard."""
         self._begin(now)
         out: list[Command] = []
-        if peer in self.agent_peers:
-            agent = self.agents[self.agent_peers[peer]]
-            out += self._agent_unreachable(agent, f"agent {agent.agent_id} missed heartbeats")
         if peer in self.framework_peers:
             out += self._framework_disconnected(self.frameworks[self.framework_peers[peer]])
         if peer == self.broker:
@@ -199,7 +220,7 @@ class MasterCore(AgentHandlers, FrameworkHandlers):
 
     def tick(self, now: float) -> list[Command]:
         """Timers: framework failover timeouts, the agent re-register window after a master
-        failover, unanswered log requests."""
+        failover, agents silent or unreachable too long, unanswered log requests."""
         self._begin(now)
         out: list[Command] = []
         for fw in sorted(self.frameworks.values(), key=lambda f: f.framework_id):
@@ -215,6 +236,7 @@ class MasterCore(AgentHandlers, FrameworkHandlers):
                     UNREACHABLE, Resources(), status_since=now, unreachable_since=now)
                 self._touch("agent", aid)
             self._registry_changed()
+        out += self._expire_agents()
         for rid, req in list(self.log_requests.items()):
             if now >= req.created_at + LOGS_TIMEOUT_S:
                 del self.log_requests[rid]
@@ -229,6 +251,7 @@ class MasterCore(AgentHandlers, FrameworkHandlers):
         if self.recovering and self.started_at is not None:
             times.append(self.started_at + self.agent_reregister_window_s)
         times += [r.created_at + LOGS_TIMEOUT_S for r in self.log_requests.values()]
+        times += self._liveness_deadlines()
         return min(times, default=None)
 
     # -- broker ------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from services.bus import codec
 from services.bus.election import detector_from_url
 from services.bus.epoch import EpochFence
 from services.bus.log import get_logger
+from services.bus.mailbox import Mailbox
 from services.bus.peer import RouterServer
 from services.bus.reactor import Reactor
 from services.bus.statestream import StatePublisher
@@ -35,7 +36,16 @@ from services.master.commands import (
     ToOperator,
 )
 from services.master.core import MasterCore
-from services.master.registry import Registry, StaleEpoch, registry_from_url
+from services.master.heard import LivenessReporter
+from services.master.liveness import AGENT_GONE_TIMEOUT_S, AGENT_TIMEOUT_S, MAX_GONE_AGENTS
+from services.master.registry import (
+    Fenced,
+    Loaded,
+    RegistryEvent,
+    RegistryWriter,
+    StaleEpoch,
+    registry_from_url,
+)
 from services.shell.http import Response, json_response
 from services.shell.service import ServiceConfig, ServiceKit
 from services.telemetry import extract, span_traceparent, spans
@@ -52,6 +62,7 @@ INTERNAL_ROLE_NAMES: dict[int, str] = {Role.Value("ROLE_BROKER"): "broker",
                                         Role.Value("ROLE_ALLOCATOR"): "allocator"}
 INTERNAL_ROLES = frozenset(INTERNAL_ROLE_NAMES)
 MAX_TIMED_LAUNCHES = 100_000  # launches awaiting RUNNING for the latency histogram
+REGISTRY_LOAD_WAIT_S = 0.5  # the most a registry load at leadership holds the reactor
 
 
 @dataclass
@@ -64,6 +75,9 @@ class MasterConfig(ServiceConfig):
     pub_port: int = 0
     snapshot_port: int = 0
     agent_reregister_window_s: float = 60.0
+    agent_timeout_s: float = AGENT_TIMEOUT_S
+    agent_gone_timeout_s: float = AGENT_GONE_TIMEOUT_S
+    max_gone_agents: int = MAX_GONE_AGENTS
 
 
 class MasterShell(ServiceKit):
@@ -96,8 +110,15 @@ class MasterShell(ServiceKit):
             "front": self.front.endpoint, "internal": self.internal.endpoint,
             "pub": self.publisher.pub_endpoint, "snapshot": self.publisher.snapshot_endpoint})
         self.start_http({"/state": self._http_state})
-        self.registry: Registry = registry_from_url(config.registry_url)
+        # Registry I/O runs on the writer's thread; its results come back through a mailbox.
+        self._registry_events: Mailbox[RegistryEvent] = Mailbox()
+        self.reactor.add_reader(self._registry_events, self._on_registry_events)
+        self.registry = RegistryWriter(registry_from_url(config.registry_url),
+                                       self._registry_events.put)
         self.core: MasterCore | None = None
+        self.liveness = LivenessReporter(self.reactor, self.front, self.driver,
+                                         lambda: self.core,
+                                         min(0.25, config.heartbeat_interval / 4), self.metrics)
         self._broker: tuple[bytes, int] | None = None  # the broker's peer and epoch
         self._pending_publish: list[bus_pb2.StateEntry] = []
         self._staged: dict[tuple[str, str], float] = {}  # launch sent -> RUNNING, for latency
@@ -112,7 +133,19 @@ class MasterShell(ServiceKit):
     def _lead(self, epoch: int) -> None:
         self._broker = None
         self._pending_publish.clear()  # nothing of an earlier reign is published in this one
-        recovered = self.registry.load()
+        # The load runs on the writer's thread. It takes milliseconds, so the reign begins
+        # here (no moment when this leader has no state to serve); a slow one (ZooKeeper
+        # struggling) holds the reactor at most REGISTRY_LOAD_WAIT_S, then the reign begins
+        # when it is loaded (_on_registry_events) and calls are refused as "not leading".
+        self.registry.load(epoch)
+        loaded = self.registry.wait_loaded(epoch, REGISTRY_LOAD_WAIT_S)
+        if loaded is not None:
+            self._begin_reign(epoch, loaded.document)
+        else:
+            log.warning("registry not loaded yet; leading once it is", epoch=epoch,
+                        waited_s=REGISTRY_LOAD_WAIT_S)
+
+    def _begin_reign(self, epoch: int, recovered: dict[str, Any] | None) -> None:
         # Randomness lives here, not in the core: a fresh cluster id (kept only when the
         # registry has none) and an id prefix unique to this leadership.
         self.core = MasterCore(
@@ -120,7 +153,10 @@ class MasterShell(ServiceKit):
             agent_reregister_window_s=self.config.agent_reregister_window_s,
             heartbeat_interval_ms=int(self.config.heartbeat_interval * 1000),
             recovered_registry=recovered, cluster_id=uuid.uuid4().hex,
-            id_prefix=f"{uuid.uuid4().hex[:8]}-{epoch}", now=self.driver.now())
+            id_prefix=f"{uuid.uuid4().hex[:8]}-{epoch}",
+            agent_timeout_s=self.config.agent_timeout_s,
+            agent_gone_timeout_s=self.config.agent_gone_timeout_s,
+            max_gone_agents=self.config.max_gone_agents, now=self.driver.now())
         self.publisher.restart(epoch, self.core.snapshot_entries())
         self.driver.attach(self.core)
         log.info("leading", epoch=epoch, cluster_id=self.core.cluster_id,
@@ -136,7 +172,8 @@ class MasterShell(ServiceKit):
     def _resume(self, epoch: int) -> None:
         """The same reign goes on: the same core, the stream from its sequence number; the
         lifecycle then runs the calls held meanwhile, in order."""
-        assert self.core is not None
+        if self.core is None:  # paused before the registry was loaded: the load begins it
+            return
         self.driver.attach(self.core)
         self.publisher.resume()
         log.info("resumed", epoch=epoch, held_publish=len(self._pending_publish))
@@ -356,13 +393,29 @@ class MasterShell(ServiceKit):
 
     def _persist(self, document: dict[str, Any]) -> None:
         try:
-            self.registry.store(document, self.sender.epoch)
+            self.registry.store(document, self.sender.epoch)  # returns at once
         except StaleEpoch as exc:
-            log.error("registry fenced: a newer master leads; stepping down", error=str(exc))
-            if self.leader is not None:
-                self.leader.abdicate("registry fenced")  # and stand again, for a new epoch
-            else:
-                self._step_down("registry fenced")
+            self._registry_fenced(str(exc))
+
+    def _on_registry_events(self) -> None:
+        for event in self._registry_events.drain():
+            leading = self.leader.epoch if self.leader is not None else None
+            if isinstance(event, Loaded):
+                if event.epoch == leading and self.core is None:
+                    self._begin_reign(event.epoch, event.document)
+                elif event.epoch != leading:
+                    log.info("registry loaded for an ended leadership; ignored",
+                             epoch=event.epoch, leading=leading)
+            elif isinstance(event, Fenced) and event.epoch == leading:
+                self._registry_fenced(f"registry written at epoch {event.stored_epoch}; "
+                                      f"ours is {event.epoch}")
+
+    def _registry_fenced(self, why: str) -> None:
+        log.error("registry fenced: a newer master leads; stepping down", error=why)
+        if self.leader is not None:
+            self.leader.abdicate("registry fenced")  # and stand again, for a new epoch
+        else:
+            self._step_down("registry fenced")
 
     def _flush(self) -> None:
         if self._pending_publish and self.core is not None and not self.paused:
@@ -400,6 +453,15 @@ class MasterShell(ServiceKit):
                          lambda: self._count("task"))
         m.gauge("frameworks", "Frameworks known to the leading master.",
                 value=lambda: float(len(self.core.frameworks)) if self.core else 0.0)
+        reg = self.registry
+        m.counter_function("registry_writes", "Registry documents written.",
+                           lambda: float(reg.writes))
+        m.counter_function("registry_failures", "Registry writes and loads that failed (each "
+                           "retried).", lambda: float(reg.failures))
+        m.counter_function("registry_refused", "Registry documents refused: larger than the "
+                           "znode limit.", lambda: float(reg.refused))
+        m.gauge("registry_pending", "Registry operations waiting or in flight.",
+                value=lambda: float(reg.pending))
 
     def _count(self, kind: str) -> dict[str, float]:
         counts: Counter[str] = Counter()
@@ -421,8 +483,13 @@ class MasterShell(ServiceKit):
                 detector.close()
 
         self.on_close(close_detectors)
-        self.on_close(self.registry.close)
+        self.on_close(self._close_registry)
         self.on_close(self.publisher.close)
         self.on_close(self.internal.close)
         self.on_close(self.front.close)
         super().close(linger_ms)
+
+    def _close_registry(self) -> None:
+        self.registry.close()
+        self.reactor.remove_reader(self._registry_events)
+        self._registry_events.close()

@@ -3,6 +3,7 @@ operators, and views of the commands that come out."""
 
 from __future__ import annotations
 
+import math
 from typing import Any, TypeVar
 
 from schemas import agent_pb2, common_pb2, internal_pb2, operator_pb2, scheduler_pb2
@@ -161,6 +162,20 @@ def cluster(pa: bool = False, failover: float = 60.0) -> tuple[MasterCore, str, 
     aid = register(core, b"a1")
     fid = subscribed(core, b"f1", pa=pa, failover=failover)
     return core, aid, fid
+
+
+def silence(core: MasterCore, until: float, alive: tuple[bytes, ...] = (),
+            step: float = 0.5) -> list[Command]:
+    """The shell's liveness reports every `step` s up to `until` (from where the last one left
+    off, or one agent timeout before): the `alive` peers were heard just before each, every
+    other agent was silent. Agents silent for the timeout go unreachable."""
+    start = core.observed_at if core.observed_at is not None else until - core.agent_timeout_s
+    out: list[Command] = []
+    n = max(0, math.ceil((until - start) / step - 1e-9))
+    for k in range(1, n + 1):
+        t = min(start + k * step, until)
+        out += core.agents_heard({p: t - step / 5 for p in alive}, t)
+    return out
 
 
 def running(core: MasterCore, aid: str, fid: str, *tids: str) -> None:

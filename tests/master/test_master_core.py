@@ -33,6 +33,7 @@ from tests.master.helpers import (
     rejects,
     running,
     sched,
+    silence,
     statuses,
     subscribed,
     update,
@@ -67,7 +68,7 @@ def test_registration_replies_publishes_and_persists() -> None:
 def test_register_keeps_a_checkpointed_id_unless_it_is_gone() -> None:
     core = MasterCore("m1", 1, now=T0)
     assert register(core, b"a1", agent_id="old-S9") == "old-S9"
-    core.peer_gone(b"a1", T0 + 1)
+    silence(core, T0 + 5)
     operator(core, b"op", mark_agent_gone=operator_pb2.OperatorCall.MarkAgentGone(
         agent_id="old-S9"))
     assert register(core, b"a2", agent_id="old-S9") == "m1-S1"
@@ -134,8 +135,8 @@ def test_launch_that_no_longer_fits_is_refused_and_tasks_dropped() -> None:
 
 def test_refused_launch_tells_partition_aware_frameworks_dropped() -> None:
     core, aid, fid = cluster(pa=True)
-    core.peer_gone(b"a1", T0 + 1)
-    cmds = launch(core, fid, aid, "t1")
+    silence(core, T0 + 5)
+    cmds = launch(core, fid, aid, "t1", now=T0 + 5)
     assert broker_msgs(cmds, "launch_result")[0].reason == RJ.REJECT_REASON_AGENT_UNAVAILABLE
     assert [s.state for s in statuses(cmds, fid)] == [TS.TASK_DROPPED]
 
@@ -353,7 +354,7 @@ def test_implicit_reconcile_answers_every_task_of_the_framework() -> None:
 
 def test_reconcile_of_tasks_on_unreachable_and_gone_agents() -> None:
     core, aid, fid = cluster(pa=True)
-    core.peer_gone(b"a1", T0 + 1)
+    silence(core, T0 + 5)
     task = Call.Reconcile.Task(task_id="x", agent_id=aid)
     assert [s.state for s in statuses(sched(core, b"f1", fid, reconcile=Call.Reconcile(
         tasks=[task])))] == [TS.TASK_UNREACHABLE]

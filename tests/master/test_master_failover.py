@@ -30,6 +30,7 @@ from tests.master.helpers import (
     reregister,
     running,
     sched,
+    silence,
     statuses,
     subscribe,
     subscribed,
@@ -43,12 +44,12 @@ RJ = common_pb2.RejectReason
 # -- agent failures ------------------------------------------------------------------------
 
 
-def test_agent_peer_gone_makes_tasks_unreachable_or_lost_by_capability() -> None:
+def test_a_silent_agent_makes_tasks_unreachable_or_lost_by_capability() -> None:
     core, aid, fid = cluster(pa=True)
     plain = subscribed(core, b"f2")
     running(core, aid, fid, "t1")
     launch(core, plain, aid, "t2", rid="r2")
-    cmds = core.peer_gone(b"a1", T0 + 5)
+    cmds = silence(core, T0 + 5)
     (pa_st,) = statuses(cmds, fid)
     (plain_st,) = statuses(cmds, plain)
     assert pa_st.state == TS.TASK_UNREACHABLE and plain_st.state == TS.TASK_LOST
@@ -69,7 +70,7 @@ def test_agent_back_from_unreachable_keeps_pa_tasks_and_kills_non_pa_ones() -> N
     plain = subscribed(core, b"f2")
     running(core, aid, fid, "t1")
     launch(core, plain, aid, "t2", rid="r2")
-    core.peer_gone(b"a1", T0 + 5)
+    silence(core, T0 + 5)
     cmds = reregister(core, b"a1", aid, [reported(fid, "t1", TS.TASK_RUNNING),
                                          reported(plain, "t2", TS.TASK_RUNNING)], now=T0 + 9)
     assert agent_events(cmds, "reregistered")
@@ -110,7 +111,7 @@ def test_mark_agent_gone_needs_an_unreachable_agent() -> None:
     cmds = operator(core, b"op", mark_agent_gone=operator_pb2.OperatorCall.MarkAgentGone(
         agent_id=aid))
     assert one(cmds, Reject).code == bus_pb2.INVALID
-    core.peer_gone(b"a1", T0 + 1)
+    silence(core, T0 + 5)
     cmds = operator(core, b"op", mark_agent_gone=operator_pb2.OperatorCall.MarkAgentGone(
         agent_id=aid))
     assert [s.state for s in statuses(cmds, fid)] == [TS.TASK_GONE_BY_OPERATOR]
@@ -158,7 +159,7 @@ def test_a_master_failover_never_removes_a_framework_with_failover_timeout_0() -
                frameworks=[old.frameworks[fid].info], now=T0 + 100.5)
     cmds = new.tick(T0 + 101)
     assert fid in new.frameworks and not agent_events(cmds, "shutdown_framework"), cmds
-    assert new.next_deadline() == T0 + 160  # the window, not "now"
+    assert new.failover_deadline(new.frameworks[fid]) == T0 + 160  # the window, not "now"
     assert subscribed(new, b"f1-new", framework_id=fid, now=T0 + 130) == fid
     assert new.tasks[(fid, "t1")].state == TS.TASK_RUNNING
     new.validate()

@@ -1,23 +1,27 @@
-"""The master core under random sequences (hypothesis): agents registering, going silent,
-coming back, being declared gone; frameworks subscribing, failing over, timing out; launches,
-status updates, kills, acks, reconciliation, ticks, and master failovers. `validate()` holds
-after every step, commands only go to current connections, and a master failover never kills
-or loses a task. Plus: random (malformed) protobuf input never raises."""
+"""The master core under random sequences (hypothesis): agents registering, going silent
+(and the master declaring them unreachable, then gone, then pruning them), coming back on their
+old connection or a new one, being declared gone; the master stalling; frameworks subscribing,
+failing over, timing out; launches, status updates, kills, acks, reconciliation, ticks, and
+master failovers. `validate()` holds after every step, commands only go to current
+connections, an agent that keeps beating is never declared unreachable (not even after the
+master stalled), and a master failover never kills or loses a task. Plus: random (malformed)
+protobuf input never raises."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from schemas import agent_pb2, common_pb2, internal_pb2, operator_pb2, scheduler_pb2
+from schemas import agent_pb2, bus_pb2, common_pb2, internal_pb2, operator_pb2, scheduler_pb2
 from services import tasks
-from services.master.commands import Command, Reject, ToAgent, ToFramework
+from services.master.commands import Command, PersistRegistry, Reject, ToAgent, ToFramework
 from services.master.core import MasterCore
-from services.master.state import GONE
+from services.master.state import REGISTERED
+from services.notice import Notice
 from tests.master.helpers import (
     PA,
     T0,
@@ -47,6 +51,7 @@ class Machine:
     agent_id: str = ""
     peer: bytes | None = None
     gone: bool = False
+    silent: bool = False  # stopped (SIGSTOP) or cut off: sends nothing, keeps its connection
     tasks: dict[Key, tasks.State] = field(default_factory=dict)
     frameworks: dict[str, common_pb2.FrameworkInfo] = field(default_factory=dict)
     infos: dict[Key, common_pb2.TaskInfo] = field(default_factory=dict)
@@ -64,7 +69,7 @@ class MasterMachine(RuleBasedStateMachine):
         super().__init__()
         self.now = T0
         self.epoch = 1
-        self.core = MasterCore("m1", 1, agent_reregister_window_s=30, now=self.now)
+        self.core = self._core("m1", 1)
         self.machines = [Machine() for _ in range(3)]
         self.scheds = [Scheduler() for _ in range(3)]
         self.gen = 0
@@ -72,6 +77,11 @@ class MasterMachine(RuleBasedStateMachine):
         self.task_seq = 0
 
     # -- plumbing ----------------------------------------------------------------------
+    def _core(self, master_id: str, epoch: int, doc: Any = None) -> MasterCore:
+        return MasterCore(master_id, epoch, agent_reregister_window_s=30, agent_timeout_s=4.0,
+                          agent_gone_timeout_s=60.0, max_gone_agents=1,
+                          recovered_registry=doc, now=self.now)
+
     def _peer(self, kind: str) -> bytes:
         self.gen += 1
         return f"{kind}{self.gen}".encode()
@@ -83,8 +93,24 @@ class MasterMachine(RuleBasedStateMachine):
     def run(self, cmds: list[Command]) -> None:
         """Check where commands go, and play the agents' reactions."""
         replies: list[tuple[Machine, str, str, tasks.State]] = []
+        asked: list[Machine] = []
         for c in cmds:
-            if isinstance(c, ToAgent):
+            if isinstance(c, Notice) and c.kind in ("master_stalled", "gone_agents_pruned"):
+                event(c.kind)
+            elif isinstance(c, Reject) and c.code == bus_pb2.NOT_REGISTERED:
+                event("asked to re-register")
+            elif isinstance(c, PersistRegistry):
+                for entry in c.document["agents"].values():  # type: ignore[attr-defined]
+                    event(f"registry has an agent {entry['status']}")
+            if isinstance(c, ToAgent) and c.event.WhichOneof("event") == "shutdown":
+                m = self._machine_of(c.peer)  # the answer to a refused re-registration
+                m.gone, m.tasks, m.peer, m.silent = True, {}, None, False
+            elif isinstance(c, Reject) and c.code == bus_pb2.NOT_REGISTERED and any(
+                    m.peer == c.peer for m in self.machines):
+                m = self._machine_of(c.peer)  # asked to re-register: it does, on that peer
+                assert not m.silent, "a silent agent was heard"
+                asked.append(m)
+            elif isinstance(c, ToAgent):
                 agent = self.core.agents[c.agent_id]
                 assert c.peer and c.peer == agent.peer, f"{c.event} to a stale connection"
                 m = self._machine_of(c.peer)
@@ -106,8 +132,6 @@ class MasterMachine(RuleBasedStateMachine):
                 elif kind == "shutdown_framework":
                     fid = ev.shutdown_framework.framework_id
                     m.tasks = {k: s for k, s in m.tasks.items() if k[0] != fid}
-                elif kind == "shutdown":
-                    m.gone, m.tasks, m.peer = True, {}, None
                 elif kind == "reconcile":
                     for t in ev.reconcile.tasks:
                         key = (t.framework_id, t.task_id)
@@ -124,8 +148,11 @@ class MasterMachine(RuleBasedStateMachine):
                         if not fw.partition_aware:
                             assert s.state not in tasks.PARTITION_AWARE_ONLY, s
         for m, fid, tid, state in replies:
-            if m.peer is not None:
+            if m.peer is not None and not m.silent:
                 self.send_update(m, fid, tid, state)
+        for m in asked:
+            if m.peer is not None and not m.gone:
+                self.reregister(m, m.peer)
 
     def send_update(self, m: Machine, fid: str, tid: str, state: tasks.State) -> None:
         assert m.peer is not None
@@ -137,8 +164,9 @@ class MasterMachine(RuleBasedStateMachine):
             agent_id=m.agent_id, status_updates=agent_pb2.AgentCall.StatusUpdates(
                 updates=[su])), self.now))
 
-    def reregister(self, m: Machine) -> list[Command]:
-        m.peer = self._peer("a")
+    def reregister(self, m: Machine, peer: bytes | None = None) -> list[Command]:
+        m.peer = peer or self._peer("a")
+        m.silent = False
         report = [agent_pb2.AgentCall.Reregister.Task(
             framework_id=fid, task_info=m.infos[(fid, tid)],
             latest_status=common_pb2.TaskStatus(task_id=tid, state=s))
@@ -148,10 +176,16 @@ class MasterMachine(RuleBasedStateMachine):
             frameworks=[m.frameworks[f] for f in sorted({k[0] for k in m.tasks})
                         if f in m.frameworks]))
         cmds = self.core.agent_call(m.peer, call, self.now)
+        self.run(cmds)
         if any(isinstance(c, Reject) for c in cmds):
             m.peer = None
-        self.run(cmds)
         return cmds
+
+    def report(self) -> None:
+        """The shell's liveness report: every agent that is not silent was just heard."""
+        heard = {m.peer: self.now - 0.05 for m in self.machines
+                 if m.peer is not None and not m.silent}
+        self.run(self.core.agents_heard(heard, self.now))
 
     @initialize(pas=st.lists(st.booleans(), min_size=2, max_size=2))
     def a_small_cluster(self, pas: list[bool]) -> None:
@@ -165,20 +199,26 @@ class MasterMachine(RuleBasedStateMachine):
         m = self.machines[i]
         if m.agent_id and not m.gone:
             return
-        m.gone, m.tasks, m.peer = False, {}, self._peer("a")
+        m.gone, m.silent, m.tasks, m.peer = False, False, {}, self._peer("a")
         m.agent_id = register(self.core, m.peer, self.now)
 
-    @rule(i=st.integers(0, 2))
-    def agent_goes_silent(self, i: int) -> None:
+    @rule(i=st.integers(0, 2), bus_notices=st.booleans())
+    def agent_goes_silent(self, i: int, bus_notices: bool) -> None:
         m = self.machines[i]
-        if m.peer is not None:
-            self.run(self.core.peer_gone(m.peer, self.now))
-            m.peer = None
+        if m.peer is not None and not m.silent:
+            m.silent = True
+            if bus_notices:  # the bus's own peer expiry: no verdict on the agent
+                self.run(self.core.peer_gone(m.peer, self.now))
 
-    @rule(i=st.integers(0, 2))
-    def agent_comes_back(self, i: int) -> None:
+    @rule(i=st.integers(0, 2), same_connection=st.booleans())
+    def agent_comes_back(self, i: int, same_connection: bool) -> None:
         m = self.machines[i]
-        if m.agent_id and m.peer is None and not m.gone:
+        if not m.agent_id or m.gone or not (m.silent or m.peer is None):
+            return
+        if same_connection and m.peer is not None:  # SIGCONT: heartbeats resume
+            m.silent = False
+            self.report()
+        else:  # restarted, or reconnected: re-registers on a new connection
             self.reregister(m)
 
     @rule(i=st.integers(0, 2), choices=st.lists(st.sampled_from([0, 1, 2]), min_size=1,
@@ -190,7 +230,7 @@ class MasterMachine(RuleBasedStateMachine):
         for n, key in enumerate(live):
             options = NEXT[m.tasks[key]]
             m.tasks[key] = options[choices[n % len(choices)] % len(options)]
-            if m.peer is not None:  # else checkpointed: reported when it re-registers
+            if m.peer is not None and not m.silent:  # else reported when it re-registers
                 self.send_update(m, *key, m.tasks[key])
 
     @rule(i=st.integers(0, 2))
@@ -199,10 +239,7 @@ class MasterMachine(RuleBasedStateMachine):
         if m.agent_id:
             self.run(self.core.operator_call(b"op", operator_pb2.OperatorCall(
                 mark_agent_gone=operator_pb2.OperatorCall.MarkAgentGone(agent_id=m.agent_id)),
-                "op", self.now))
-            agent = self.core.agents.get(m.agent_id)
-            if agent is not None and agent.status == GONE:
-                m.gone, m.tasks, m.peer = True, {}, None  # the machine is wiped
+                "op", self.now))  # the machine learns it when it comes back (Shutdown)
 
     # -- frameworks --------------------------------------------------------------------
     @rule(i=st.integers(0, 2), pa=st.booleans(), failover=st.sampled_from([0.0, 20.0, 1e6]))
@@ -295,21 +332,32 @@ class MasterMachine(RuleBasedStateMachine):
     # -- time and the master itself ----------------------------------------------------
     @rule(dt=st.sampled_from([0.5, 5.0, 25.0, 40.0]))
     def time_passes(self, dt: float) -> None:
+        """Liveness reports every second (the shell's come faster), then the timers."""
+        end = self.now + dt
+        while self.now < end:
+            self.now = min(self.now + 1.0, end)
+            self.report()
+        self.run(self.core.tick(self.now))
+
+    @rule(dt=st.sampled_from([6.0, 30.0, 90.0]))
+    def master_stalls(self, dt: float) -> None:
+        """The master's reactor was stuck: its timer fires first, then the heartbeats queued
+        meanwhile are read. No agent that kept beating may be declared unreachable."""
         self.now += dt
         self.run(self.core.tick(self.now))
+        self.report()
 
     @rule()
     def master_fails_over(self) -> None:
         doc = self.core.registry_document()
         self.epoch += 1
-        self.core = MasterCore(f"m{self.epoch}", self.epoch, agent_reregister_window_s=30,
-                               recovered_registry=doc, now=self.now)
+        self.core = self._core(f"m{self.epoch}", self.epoch, doc)
         for s in self.scheds:
             s.peer = None
         for m in self.machines:
-            m.peer = None
+            m.peer = None  # a silent one reconnects to the new leader when it resumes
         for m in self.machines:
-            if not m.agent_id or m.gone:
+            if not m.agent_id or m.gone or m.silent:
                 continue
             before = dict(m.tasks)
             cmds = self.reregister(m)
@@ -329,6 +377,16 @@ class MasterMachine(RuleBasedStateMachine):
     def consistent(self) -> None:
         self.core.validate()
         self.now += 0.1
+
+    @invariant()
+    def no_false_positives(self) -> None:
+        """Every agent that is not silent is registered, on its connection."""
+        for m in self.machines:
+            if m.agent_id and not m.gone and not m.silent and m.peer is not None:
+                agent = self.core.agents.get(m.agent_id)
+                assert agent is not None and agent.status == REGISTERED, (
+                    m.agent_id, agent and agent.status)
+                assert agent.peer == m.peer
 
 
 MasterMachine.TestCase.settings = settings(

@@ -1,0 +1,69 @@
+"""The master shell's side of agent liveness: after each reactor wake-up (its sockets read),
+tell the core when each agent connection was last heard from, heartbeats included (the bus
+consumes those), and whether the front socket was drained first (only then is the report
+evidence of silence: liveness.py)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import zmq
+
+from services.bus.peer import RouterServer
+from services.bus.reactor import Reactor
+from services.master.core import MasterCore
+from services.shell.driver import CoreDriver
+from services.shell.metrics import Metrics
+
+
+class LivenessReporter:
+    """Reports at most every `interval` s (reactor clock); the core's `agents_heard` gets
+    wall-clock times, like every other call."""
+
+    def __init__(self, reactor: Reactor, front: RouterServer, driver: CoreDriver,
+                 core: Callable[[], MasterCore | None], interval: float,
+                 metrics: Metrics | None = None) -> None:
+        self.reactor, self.front, self.driver, self.core = reactor, front, driver, core
+        self.interval = interval
+        self._last: dict[bytes, float] = {}  # what was reported, to send only changes
+        self._for: MasterCore | None = None  # ... to this core
+        self._reported_at = -math.inf
+        self.reports = 0
+        self.incomplete = 0  # reports made while the front socket still had frames waiting
+        reactor.on_idle(self.report)
+        if metrics is not None:
+            metrics.counter_function(
+                "liveness_reports", "Agent liveness reports given to the core.",
+                lambda: float(self.reports))
+            metrics.counter_function(
+                "liveness_reports_incomplete", "Liveness reports made while frames still "
+                "waited on the front socket (no evidence of an agent's silence).",
+                lambda: float(self.incomplete))
+
+    def report(self) -> None:
+        core = self.core()
+        if core is not self._for:
+            self._last, self._for = {}, core
+        if core is None:
+            return
+        mono = self.reactor.now()
+        if mono - self._reported_at < self.interval and not core.awaiting_report:
+            return
+        self._reported_at = mono
+        complete = not int(self.front.sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN
+        wall = self.driver.now()
+        table = self.front.peers.peers
+        heard: dict[bytes, float] = {}
+        last: dict[bytes, float] = {}
+        for peer in core.watched_peers():
+            live = table.get(peer)
+            if live is None:
+                continue
+            last[peer] = live.last_heard
+            if self._last.get(peer) != live.last_heard:
+                heard[peer] = wall - (mono - live.last_heard)
+        self._last = last
+        self.reports += 1
+        self.incomplete += not complete
+        self.driver.step(lambda now: core.agents_heard(heard, now, complete))
