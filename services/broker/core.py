@@ -31,6 +31,11 @@ Failover, who does what:
   would be counted twice.
 - A NEW ALLOCATOR (a higher epoch) likewise counts every resource free: the broker rescinds
   what the old one allocated, without Recovery. Pending launches stay.
+- A NEW MASTER: an offer reached its framework over that framework's connection to the
+  master that relayed it, which dies with that master (a re-subscribing driver voids the
+  offers of its earlier connection). Offers relayed by another master than the one now
+  leading (or made while none led) are rescinded WITH Recovery, unfiltered: the allocator
+  still counts them and offers them again. Pending launches stay (see launches.py).
 """
 
 from __future__ import annotations
@@ -201,8 +206,20 @@ class BrokerCore:
 
     def master_changed(self, epoch: int | None, now: float) -> list[Command]:
         """Another master leads (None: none is known). Launches sent to the old one will
-        not be answered: they wait for the new master's stream (see launches.py)."""
+        not be answered: they wait for the new master's stream (see launches.py). Offers
+        another master relayed are void (see the module comment): rescinded, recovered.
+        While none leads they stay: the same master may come back, connections intact."""
         out = self._due(now)
+        if epoch is not None:
+            void = sorted(oid for oid in self.table.offered_ids()
+                          if self.table.offers[oid].master_epoch != epoch)
+            if void:
+                out += self._rescind(void, RescindReason.RESCIND_REASON_FRAMEWORK_INACTIVE,
+                                     "offered through a master that no longer leads",
+                                     recover=True)
+                out.append(Notice.of("offers_voided", f"{len(void)} offers relayed by another "
+                                     f"master than epoch {epoch} rescinded and recovered",
+                                     offers=len(void), master_epoch=epoch))
         orphaned = self._launches.master_changed(epoch, now)
         if orphaned:
             out.append(Notice.of(
@@ -288,7 +305,7 @@ class BrokerCore:
             role=a.role or UNRESERVED, created_at=now,
             expires_at=now + timeout if timeout else math.inf,
             allocation_id=a.allocation_id, traceparent=a.traceparent,
-            attributes=agent.attributes)
+            attributes=agent.attributes, master_epoch=self._launches.master_epoch)
         self.table.create(offer)
         return [SendOffers(a.framework_id, (offer,))]
 

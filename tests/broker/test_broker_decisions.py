@@ -23,6 +23,7 @@ from tests.broker.test_broker_core import (
     T0,
     alloc,
     launch,
+    offer_ids,
     only,
     recoveries,
     task,
@@ -186,6 +187,59 @@ def test_launch_tracker_deadlines_are_lazily_rescheduled() -> None:
     (res,) = tracker.resolve(T0 + 15)
     assert res[1] == "refused" and len(tracker) == 0 and tracker.next_deadline() is None
     tracker.validate()
+
+
+# -- masters: the offers they relayed -------------------------------------------------------
+
+def test_offers_relayed_by_a_master_that_no_longer_leads_are_taken_back_at_once() -> None:
+    """A master relays offers to frameworks over connections that die with it: a framework
+    re-subscribing with the next master holds none of them (its driver voids them). They
+    were left outstanding, offered to nobody, until the offer timeout (30 s by default);
+    now the broker rescinds them and hands them back to the allocator, unfiltered."""
+    core = BrokerCore(prefix="e7")
+    core.master_changed(1, T0)
+    core.stream_changed([agent_entry("a1"), framework_entry("f1"), framework_entry("f2")],
+                        T0, reset=True)
+    old = offer_ids(core.allocations([alloc("x", cpus=1, mem=64),
+                                      alloc("y", "f2", cpus=1, mem=64)], T0))
+    # No master for a moment, then the same one back: its connections may well be intact.
+    assert not only(core.master_changed(None, T0 + 1), Rescind)
+    assert not only(core.master_changed(1, T0 + 2), Rescind)
+    assert {o.offer_id for o in core.outstanding_offers()} == set(old)
+    cmds = core.master_changed(2, T0 + 3)
+    assert sorted((r.framework_id, r.offer_ids, r.reason) for r in only(cmds, Rescind)) == [
+        ("f1", (old[0],), RR.RESCIND_REASON_FRAMEWORK_INACTIVE),
+        ("f2", (old[1],), RR.RESCIND_REASON_FRAMEWORK_INACTIVE)]
+    recs = recoveries(cmds)
+    assert sorted(r.offer_id for r in recs) == sorted(old)
+    assert {(r.reason, r.refuse_seconds) for r in recs} == {(RC.RECOVER_REASON_RESCINDED, 0)}
+    (n,) = notices(cmds, "offers_voided")
+    assert n.fields()["offers"] == 2 and n.fields()["master_epoch"] == 2
+    assert not core.outstanding_offers()
+    # Offers relayed by the new master stay while it leads.
+    new = offer_ids(core.allocations([alloc("z", cpus=1, mem=64)], T0 + 4))
+    assert not only(core.master_changed(2, T0 + 5), Rescind)
+    assert [o.offer_id for o in core.outstanding_offers()] == new
+    core.validate()
+
+
+def test_offers_made_while_no_master_led_are_taken_back_when_one_leads() -> None:
+    """Nobody relayed them (the broker had no master to send them to)."""
+    core = BrokerCore(prefix="e7")
+    core.master_changed(None, T0)
+    made = offer_ids(core.allocations([alloc("x", cpus=1, mem=64)], T0))
+    cmds = core.master_changed(1, T0 + 1)
+    assert [r.offer_ids for r in only(cmds, Rescind)] == [tuple(made)]
+    assert [r.offer_id for r in recoveries(cmds)] == made
+    core.validate()
+
+
+def test_a_launch_in_flight_is_not_voided_by_a_master_change() -> None:
+    core, req = launching()
+    cmds = core.master_changed(2, T0 + 1)
+    assert not only(cmds, Rescind) and not recoveries(cmds)
+    assert req.request_id in core.pending_launches
+    core.validate()
 
 
 # -- allocators ----------------------------------------------------------------------------

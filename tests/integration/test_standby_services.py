@@ -9,6 +9,7 @@ killed. Each test prints its recovery time (kill -> first new offer)."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 
 from frameworks.sdk.driver import SchedulerDriver
+from frameworks.sdk.scheduler import MasterInfo
 from infra.zookeeper import ZooKeeperServer
 from schemas import common_pb2
 from services.broker.validation import overlap
@@ -51,6 +53,7 @@ class Holder(Recorder):
     outstanding: dict[str, common_pb2.Offer] = field(default_factory=dict)
     violations: list[str] = field(default_factory=list)
     sdk_records: dict[str, Any] = field(default_factory=dict)  # the driver's own, by offer
+    masters: list[tuple[float, int]] = field(default_factory=list)  # (subscribed at, epoch)
 
     def offers(self, driver: SchedulerDriver, offers: list[common_pb2.Offer]) -> None:
         with self.lock:
@@ -67,6 +70,10 @@ class Holder(Recorder):
                 self.outstanding.pop(oid, None)
         super().rescinded(driver, offer_ids, reason)
 
+    def disconnected(self, driver: SchedulerDriver) -> None:
+        with self.lock:
+            self.outstanding.clear()  # void with their connection (the SDK's contract)
+
     def _check(self) -> None:
         held: dict[str, Resources] = {}
         for o in self.outstanding.values():
@@ -79,6 +86,13 @@ class Holder(Recorder):
             if not TOTALS[host].contains(acc):
                 self.violations.append(f"{host}: {acc} outstanding > total {TOTALS[host]} "
                                        f"({sorted(self.outstanding)})")
+
+    def subscribed(self, driver: SchedulerDriver, framework_id: str,
+                   master_info: MasterInfo) -> None:
+        with self.lock:
+            self.outstanding.clear()  # offers of an earlier connection are void
+            self.masters.append((time.monotonic(), master_info.epoch))
+        super().subscribed(driver, framework_id, master_info)
 
     def take(self, host: str | None = None, after: float = 0.0) -> common_pb2.Offer | None:
         """An outstanding offer (of `host`, received after `after`), no longer held."""
@@ -254,3 +268,38 @@ def test_a_killed_broker_is_replaced_and_its_offers_are_void(
         driver.join(10)
         if name:
             respawn_standby(cluster, name, "broker")
+
+
+def test_offers_held_through_a_master_failover_flow_again_at_once(
+    cluster: Cluster, docker_client: Any
+) -> None:
+    """Offers the framework held when the leading master died were relayed on a connection
+    that is void now (the driver forgets them on re-subscribing): the cluster must offer
+    those resources again promptly, not leave them outstanding until the offer timeout."""
+    sched = Holder()
+    driver = start(cluster, sched, "master-failover")
+    name = ""
+    try:
+        run_task(sched, driver, "steady")
+        before = containers(docker_client, driver.framework_id)
+        wait_for(lambda: sched.holding() == set(TOTALS), 30,
+                 message=lambda: f"holding offers of {sched.holding()} only")
+        name, old, killed_at = cluster.kill_leader("master")
+        wait_for(lambda: sched.masters[-1][1] > old.epoch, FAILOVER,
+                 message="the framework never subscribed with the new master")
+        # Well before the offer timeout (OFFER_TIMEOUT = 60 s): every agent offered again.
+        wait_for(lambda: sched.holding() == set(TOTALS), 10,
+                 message=lambda: f"after the master failover, offers of {sched.holding()} "
+                                 "only: the others are stuck as outstanding")
+        first = sched.first_offer_after(killed_at)
+        assert first is not None
+        assert not sched.violations, sched.violations
+        run_task(sched, driver, "after", after=killed_at)
+        now = containers(docker_client, driver.framework_id)
+        assert now["steady"] == before["steady"], "a running task was restarted"
+        print(f"\nmaster failover: first new offer {first - killed_at:.2f}s after SIGKILL")
+    finally:
+        driver.stop(failover=False)
+        driver.join(10)
+        if name:
+            respawn_standby(cluster, name, "master")
