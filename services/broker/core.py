@@ -189,14 +189,17 @@ class BrokerCore:
         return coalesce(out)
 
     def _release(self, gone: set[str], now: float) -> list[Command]:
-        """Offer the held allocations, but those of agents no longer on the stream (the
-        allocator forgets them with the agent: no Recovery) or of frameworks gone (handed
-        back, as their offers would have been)."""
+        """Offer the held allocations, but hand back (a Recovery, no offer) those of agents
+        not on the stream now or of frameworks gone. An agent missing from this copy may
+        still be on the allocator's (a new master publishes agents as they re-register, so
+        its first snapshot can lack them): without the Recovery the allocator would count
+        them as offered for good. For an agent it dropped too, the Recovery is stale."""
         out: list[Command] = []
         held, self._held = self._held, []
         for a in held:
             if a.agent_id not in self._agents:
-                out.append(_dropped(a, f"{_what(a)}: the agent left while it was held"))
+                out += self._hand_back(a, _dropped(
+                    a, f"{_what(a)}: the agent is not on the stream; handed back"))
             elif a.framework_id in gone:
                 out += self._hand_back(a, _dropped(a, f"{_what(a)}: the framework left "
                                                       "while it was held"))

@@ -433,12 +433,9 @@ class BrokerMachine(RuleBasedStateMachine):
             la.seen |= {t for f, t in keys if f == la.framework_id and t in la.tasks}
 
     def released(self) -> None:
-        """A stream change releases what was held: offered or returned, but what was held
-        for an agent now gone is forgotten with it."""
+        """A stream change releases what was held: offered, or returned (a Recovery, which
+        `run` counted), also what was held for an agent now gone."""
         self.synced = True
-        for agent, res in self.held:
-            if agent not in self.agents:
-                self.forgotten += ledger(res)
         self.held.clear()
 
     def forget_held(self) -> None:
