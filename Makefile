@@ -71,9 +71,11 @@ test: system venv image lint
 test-fast: venv
 	@$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)
 
-## bench: measured figures (not tests); JSON under bench/results/.
+## bench: measured figures (not tests); JSON under bench/results/. Failover: 20 trials per
+## kind; a quick look: `make bench BENCH_ARGS="--trials 3 failover"`.
+BENCH_ARGS ?=
 bench: system venv image
-	@$(PY) -m bench
+	@$(PY) -m bench $(BENCH_ARGS)
 
 clean:
 	rm -rf .run bench/results .pytest_cache .mypy_cache .ruff_cache

@@ -1,23 +1,40 @@
-"""`python -m bench [NAME ...]`: run the named benchmarks (default: all)."""
+"""`python -m bench [--trials N] [NAME ...]`: run the named benchmarks (default: all).
+`--trials` sets the failover benchmark's trials per kind (default 20; e.g. 3 for a quick
+look)."""
 
 from __future__ import annotations
 
+import argparse
 import sys
+from collections.abc import Callable
 
-from bench import bus, launch, tracing
+from bench import bus, failover, launch, tracing
 
-BENCHES = {"bus": bus.main, "launch": launch.main, "tracing": tracing.main}
+BENCHES: dict[str, Callable[[], None]] = {
+    "bus": bus.main, "launch": launch.main, "tracing": tracing.main, "failover": failover.main}
 
 
 def main(argv: list[str]) -> int:
-    names = argv or list(BENCHES)
+    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    ap.add_argument("names", nargs="*", metavar="NAME",
+                    help=f"benchmarks to run (default: all of {', '.join(BENCHES)})")
+    ap.add_argument("--trials", type=int, default=failover.TRIALS,
+                    help=f"failover trials per kind (default {failover.TRIALS})")
+    args = ap.parse_args(argv)
+    names = args.names or list(BENCHES)
     unknown = [n for n in names if n not in BENCHES]
     if unknown:
         print(f"unknown benchmark(s): {', '.join(unknown)}; known: {', '.join(BENCHES)}",
               file=sys.stderr)
         return 2
+    if args.trials < 1:
+        print("--trials must be at least 1", file=sys.stderr)
+        return 2
     for name in names:
-        BENCHES[name]()
+        if name == "failover":
+            failover.main(args.trials)
+        else:
+            BENCHES[name]()
     return 0
 
 

@@ -5,6 +5,8 @@ object and a scheduler that records what the master tells it."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -21,7 +23,7 @@ from typing import Any
 from frameworks.sdk.driver import SchedulerDriver
 from frameworks.sdk.scheduler import MasterInfo, Scheduler
 from schemas import common_pb2
-from services.bus.election import detector_from_url
+from services.bus.election import LeaderInfo, detector_from_url
 from services.resources import Resources
 
 S = common_pb2.TaskState
@@ -55,6 +57,40 @@ class Cluster:
         """agent id -> hostname"""
         return {a["agent_info"]["agent_id"]: a["agent_info"]["hostname"]
                 for a in self.state()["agents"]}
+
+    def leader(self, role: str = "master", timeout: float = 5.0) -> LeaderInfo:
+        """Who leads `role` ("master", "allocator", "broker") now, by the election."""
+        return leader_of(self.url, role, timeout)
+
+    def leader_process(self, role: str) -> tuple[str, LeaderInfo]:
+        """(name of this cluster's process that leads `role`, its LeaderInfo)."""
+        from services.cli import cluster as local_cluster
+
+        info = self.leader(role)
+        name = local_cluster.member_process(self.run_dir, info.member_id)
+        assert name is not None, f"no process of {self.run_dir} has id {info.member_id}"
+        return name, info
+
+    def kill_leader(self, role: str, sig: int = signal.SIGKILL) -> tuple[str, LeaderInfo, float]:
+        """Send `sig` to the process leading `role`: (its name, the LeaderInfo it had, the
+        time.monotonic() of the kill). `services.cli.cluster.respawn` starts it again."""
+        from services.cli import cluster as local_cluster
+
+        name, info = self.leader_process(role)
+        pid = local_cluster.running(self.run_dir)[name]
+        os.kill(pid, sig)
+        return name, info, time.monotonic()
+
+
+def leader_of(url: str, role: str = "master", timeout: float = 5.0) -> LeaderInfo:
+    detector = detector_from_url(url, role)
+    detector.start()
+    try:
+        info = detector.wait_for_leader(timeout)
+    finally:
+        detector.close()
+    assert info is not None, f"no leading {role}"
+    return info
 
 
 @contextmanager

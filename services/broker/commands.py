@@ -33,6 +33,7 @@ class Offer:
     allocation_id: str = ""
     traceparent: str = ""  # the allocation's trace context (the shell sends its offer span's)
     attributes: tuple[common_pb2.Attribute, ...] = ()
+    master_epoch: int | None = None  # the master that relays it (None: none led)
 
     def to_proto(self) -> common_pb2.Offer:
         return common_pb2.Offer(

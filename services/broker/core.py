@@ -31,6 +31,11 @@ Failover, who does what:
   would be counted twice.
 - A NEW ALLOCATOR (a higher epoch) likewise counts every resource free: the broker rescinds
   what the old one allocated, without Recovery. Pending launches stay.
+- A NEW MASTER: an offer reached its framework over that framework's connection to the
+  master that relayed it, which dies with that master (a re-subscribing driver voids the
+  offers of its earlier connection). Offers relayed by another master than the one now
+  leading (or made while none led) are rescinded WITH Recovery, unfiltered: the allocator
+  still counts them and offers them again. Pending launches stay (see launches.py).
 """
 
 from __future__ import annotations
@@ -184,14 +189,17 @@ class BrokerCore:
         return coalesce(out)
 
     def _release(self, gone: set[str], now: float) -> list[Command]:
-        """Offer the held allocations, but those of agents no longer on the stream (the
-        allocator forgets them with the agent: no Recovery) or of frameworks gone (handed
-        back, as their offers would have been)."""
+        """Offer the held allocations, but hand back (a Recovery, no offer) those of agents
+        not on the stream now or of frameworks gone. An agent missing from this copy may
+        still be on the allocator's (a new master publishes agents as they re-register, so
+        its first snapshot can lack them): without the Recovery the allocator would count
+        them as offered for good. For an agent it dropped too, the Recovery is stale."""
         out: list[Command] = []
         held, self._held = self._held, []
         for a in held:
             if a.agent_id not in self._agents:
-                out.append(_dropped(a, f"{_what(a)}: the agent left while it was held"))
+                out += self._hand_back(a, _dropped(
+                    a, f"{_what(a)}: the agent is not on the stream; handed back"))
             elif a.framework_id in gone:
                 out += self._hand_back(a, _dropped(a, f"{_what(a)}: the framework left "
                                                       "while it was held"))
@@ -201,8 +209,20 @@ class BrokerCore:
 
     def master_changed(self, epoch: int | None, now: float) -> list[Command]:
         """Another master leads (None: none is known). Launches sent to the old one will
-        not be answered: they wait for the new master's stream (see launches.py)."""
+        not be answered: they wait for the new master's stream (see launches.py). Offers
+        another master relayed are void (see the module comment): rescinded, recovered.
+        While none leads they stay: the same master may come back, connections intact."""
         out = self._due(now)
+        if epoch is not None:
+            void = sorted(oid for oid in self.table.offered_ids()
+                          if self.table.offers[oid].master_epoch != epoch)
+            if void:
+                out += self._rescind(void, RescindReason.RESCIND_REASON_FRAMEWORK_INACTIVE,
+                                     "offered through a master that no longer leads",
+                                     recover=True)
+                out.append(Notice.of("offers_voided", f"{len(void)} offers relayed by another "
+                                     f"master than epoch {epoch} rescinded and recovered",
+                                     offers=len(void), master_epoch=epoch))
         orphaned = self._launches.master_changed(epoch, now)
         if orphaned:
             out.append(Notice.of(
@@ -288,7 +308,7 @@ class BrokerCore:
             role=a.role or UNRESERVED, created_at=now,
             expires_at=now + timeout if timeout else math.inf,
             allocation_id=a.allocation_id, traceparent=a.traceparent,
-            attributes=agent.attributes)
+            attributes=agent.attributes, master_epoch=self._launches.master_epoch)
         self.table.create(offer)
         return [SendOffers(a.framework_id, (offer,))]
 

@@ -34,6 +34,7 @@ from services.bus.stream_core import (
 )
 
 log = get_logger("bus.statestream")
+SNAPSHOT_RETRY = 0.05  # seconds before asking again after a refused snapshot request
 
 
 class StatePublisher:
@@ -185,6 +186,7 @@ class StateSubscriber:
         )
         self._last_heard = reactor.now()
         self._snapshot_due: Timer | None = None
+        self._retry = SNAPSHOT_RETRY  # after a refused snapshot request
         self._watch = reactor.every(heartbeat_interval / 2, self._tick)
 
     @property
@@ -210,6 +212,7 @@ class StateSubscriber:
         self.reactor.add_reader(sub, self._on_readable)
         self.snapshots.connect(snapshot_endpoint)
         self._last_heard = self.reactor.now()
+        self._retry = SNAPSHOT_RETRY
         self._run(self.core.start())
 
     def _run(self, outputs: list[Changed | RequestSnapshot]) -> None:
@@ -276,8 +279,15 @@ class StateSubscriber:
             if self.synced and self._snapshot_due is not None:
                 self._snapshot_due.cancel()
                 self._snapshot_due = None
+                self._retry = SNAPSHOT_RETRY
         elif kind == "error":
             log.warning("snapshot endpoint error", message=env.error.message)
+            if not self.synced and self._snapshot_due is not None:
+                # Refused (a new leader a moment before it leads): ask again soon, not
+                # after the whole snapshot timeout; backing off up to that timeout.
+                self._snapshot_due.cancel()
+                self._snapshot_due = self.reactor.call_later(self._retry, self._snapshot_late)
+                self._retry = min(2 * self._retry, self.snapshot_timeout)
         else:
             self.stats.inc("frames_dropped{reason=unexpected}")
 

@@ -1,5 +1,6 @@
 """How the CLI reaches a cluster: the cluster URL (flag, env, or the run dir `up` wrote),
-the leading master through the election, its HTTP /state, and operator calls over ZeroMQ."""
+the leading master through the election, every member of a role's election (leader and
+standbys), its HTTP /state, and operator calls over ZeroMQ."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ import zmq
 
 from schemas import operator_pb2
 from services.bus import codec
-from services.bus.election import LeaderInfo, detector_from_url
+from services.bus.election import LeaderInfo, detector_from_url, parse_url
+from services.bus.election.zookeeper import election_path, member_epoch, sorted_members
 from services.bus.peer import Sender
 
 DEFAULT_RUN_DIR = Path(os.environ.get("OFFERBUS_RUN_DIR", ".run/cluster"))
@@ -48,6 +50,64 @@ def find_leader(url: str, timeout: float = 5.0, role: str = "master") -> LeaderI
         raise CliError(f"no leading {role} reachable through {url} within {timeout:g}s "
                        f"(is the cluster up? `offerbus status`)")
     return leader
+
+
+class ElectionView:
+    """Read-only: the members of each role's election, in order (the first leads, the others
+    stand by), each as a LeaderInfo with the epoch it would lead at. Only a ZooKeeper
+    election lists its members; for a standalone one (file://) `members` is None. A context
+    manager: one ZooKeeper session for every read."""
+
+    def __init__(self, url: str, timeout: float = 5.0) -> None:
+        self.kind, self.where, _ = parse_url(url)
+        self.timeout = timeout
+        self._client: Any = None
+
+    def __enter__(self) -> ElectionView:
+        if self.kind == "zk":
+            from kazoo.client import KazooClient
+            from kazoo.handlers.threading import KazooTimeoutError
+
+            self._client = KazooClient(hosts=self.where, timeout=self.timeout)
+            try:
+                self._client.start(timeout=self.timeout)
+            except KazooTimeoutError as exc:
+                self._client.close()
+                raise CliError(f"ZooKeeper {self.where} did not answer within "
+                               f"{self.timeout:g}s") from exc
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._client is not None:
+            self._client.stop()
+            self._client.close()
+            self._client = None
+
+    def members(self, role: str) -> list[LeaderInfo] | None:
+        if self._client is None:
+            return None
+        from kazoo.exceptions import KazooException, NoNodeError
+
+        path = election_path("/offerbus", role)
+        out = []
+        try:
+            names = sorted_members(self._client.get_children(path))
+        except NoNodeError:
+            return []
+        except KazooException as exc:
+            raise CliError(f"reading the {role} election: {exc!r}") from exc
+        for name in names:
+            try:
+                data, _ = self._client.get(f"{path}/{name}")
+                doc = json.loads(data)
+                endpoints = {str(k): str(v) for k, v in dict(doc.get("endpoints", {})).items()}
+                member_id = str(doc["member_id"])
+            except NoNodeError:
+                continue  # it left between the two reads
+            except (ValueError, KeyError, TypeError, AttributeError):
+                endpoints, member_id = {}, name
+            out.append(LeaderInfo(role, member_id, member_epoch(name), endpoints))
+        return out
 
 
 def http_get(url: str, timeout: float = 5.0) -> Any:

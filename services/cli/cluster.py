@@ -1,11 +1,13 @@
 """`offerbus up` / `offerbus down`: a local cluster of separate background processes —
-ZooKeeper (or standalone election), master, allocator, offer-broker and N agents, each agent
-with its own work dir, resources and hostname — with pids and logs under one run dir, and
-the cluster's id (<run-dir>/cluster.id) naming what `down` may remove."""
+ZooKeeper (or standalone election), master, allocator, offer-broker (each optionally with
+hot standbys under the election) and N agents, each agent with its own work dir, resources
+and hostname — with pids and logs under one run dir, and the cluster's id
+(<run-dir>/cluster.id) naming what `down` may remove."""
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -20,12 +22,13 @@ from typing import Any
 
 from rich.console import Console
 
-from services.cli.client import CliError, find_leader, http_get
+from services.cli.client import CliError, ElectionView, find_leader, http_get
 from services.procs import pid_alive
 
 console = Console()
 RACKS = ("a", "b", "c")
 STATE_PARTS = ("zk", "election", "agents", "frameworks", "traces", "pids")
+CENTRAL = ("master", "allocator", "broker")  # the elected roles, each `python -m services.<role>`
 # Processes this process started, by (run dir, name): a cluster's own are checked and reaped.
 _children: dict[tuple[Path, str], subprocess.Popen[bytes]] = {}
 
@@ -42,6 +45,55 @@ class UpOptions:
     offer_timeout: float = 30.0
     heartbeat: float = 1.0
     masters: int = 1  # more are hot standbys (ZooKeeper election)
+    # Hot standbys of EVERY central service (master, allocator, offer-broker): N+1 of each,
+    # named "<role>", "<role>-2", ... with ids "<role>-1", "<role>-2", ... Masters are
+    # max(masters, standbys + 1).
+    standbys: int = 0
+
+    def instances(self) -> dict[str, int]:
+        """How many processes of each central role `up` starts."""
+        return {"master": max(self.masters, self.standbys + 1),
+                "allocator": self.standbys + 1, "broker": self.standbys + 1}
+
+
+def central_name(role: str, index: int) -> tuple[str, str]:
+    """(process name, member id) of instance `index` (from 1) of a central role: the first
+    is plain "<role>" (what a one-of-each cluster always called it), the others "<role>-N";
+    ids are always "<role>-N"."""
+    return (role if index == 1 else f"{role}-{index}"), f"{role}-{index}"
+
+
+def central_argv(opts: UpOptions, url: str) -> list[tuple[str, list[str]]]:
+    """(process name, argv) of every master, allocator and offer-broker `up` starts, first
+    instances first (each joins its role's election; whichever joins first leads)."""
+    out = []
+    common = ["--cluster", url]
+    for role, count in opts.instances().items():
+        for i in range(1, count + 1):
+            name, member = central_name(role, i)
+            extra = {"master": ["--heartbeat", str(opts.heartbeat)],
+                     "broker": ["--offer-timeout", str(opts.offer_timeout)]}.get(role, [])
+            out.append((name, ["-m", f"services.{role}", *common, *extra, "--id", member]))
+    return out
+
+
+def member_id_of(run_dir: Path, name: str) -> str | None:
+    """The `--id` process `name` of this run dir was started with (what the election calls
+    it), from the argv `spawn` recorded; None if unknown."""
+    try:
+        argv = json.loads((_pids_dir(run_dir) / f"{name}.argv").read_text())["argv"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    ids = [b for a, b in itertools.pairwise(argv) if a == "--id"]
+    return str(ids[-1]) if ids else None
+
+
+def member_process(run_dir: Path, member_id: str) -> str | None:
+    """The name of this run dir's process started with `--id member_id`; None if none."""
+    for argv_file in sorted(_pids_dir(run_dir).glob("*.argv")):
+        if member_id_of(run_dir, argv_file.stem) == member_id:
+            return argv_file.stem
+    return None
 
 
 def _pids_dir(run_dir: Path) -> Path:
@@ -160,13 +212,8 @@ def up(opts: UpOptions) -> str:
         common = ["--cluster", url]
         traces = {"OFFERBUS_TRACES_DIR": str(traces_dir(run_dir))}
         beat = ["--heartbeat", str(opts.heartbeat)]
-        for m in range(1, opts.masters + 1):
-            spawn(run_dir, "master" if m == 1 else f"master-{m}",
-                  ["-m", "services.master", *common, *beat, "--id", f"master-{m}"], env=traces)
-        spawn(run_dir, "allocator", ["-m", "services.allocator", *common, "--id", "allocator-1"],
-              env=traces)
-        spawn(run_dir, "broker", ["-m", "services.broker", *common, "--id", "broker-1",
-                                  "--offer-timeout", str(opts.offer_timeout)], env=traces)
+        for name, argv in central_argv(opts, url):
+            spawn(run_dir, name, argv, env=traces)
         for i in range(1, opts.agents + 1):
             name = f"agent-{i}"
             spawn(run_dir, name, [
@@ -174,9 +221,10 @@ def up(opts: UpOptions) -> str:
                 "--hostname", name, "--resources", agent_resources(opts.agent_resources, i - 1),
                 "--attributes", f"rack:{RACKS[(i - 1) % len(RACKS)]}",
                 "--runtime", opts.runtime, *beat], env=traces)
-        state = wait_ready(url, run_dir, opts.agents, opts.timeout, status)
+        state = wait_ready(url, run_dir, opts.agents, opts.timeout, status,
+                           expected=opts.instances())
         record_cluster_id(run_dir, state)
-    console.print(f"[green]cluster up[/] in {run_dir}: master, allocator, offer-broker and "
+    console.print(f"[green]cluster up[/] in {run_dir}: {central_summary(state)} and "
                   f"{opts.agents} agents; election and registry at {url}")
     console.print(f"  logs: {run_dir / 'logs'}/   state: `offerbus status`, `offerbus agents`")
     return url
@@ -234,32 +282,64 @@ def stop_process(run_dir: Path, name: str, timeout: float = 10.0) -> bool:
 
 
 def wait_ready(url: str, run_dir: Path, agents: int, timeout: float,
-               status: object) -> dict[str, Any]:
+               status: object, expected: dict[str, int] | None = None) -> dict[str, Any]:
+    """Wait until every central role has its leader and, where the election lists its
+    members (ZooKeeper), all `expected[role]` members (the standbys stand), and `agents`
+    agents are registered. The master's /state, with "central": {role: {"leader": id,
+    "standbys": [ids] (None: the election cannot list them)}}."""
     deadline = time.monotonic() + timeout
+    expected = expected or {role: 1 for role in CENTRAL}
     last = ""
-    while time.monotonic() < deadline:
-        dead = [n for (d, n), proc in _children.items()
-                if d == run_dir.resolve() and proc.poll() is not None]
-        if dead:
-            raise CliError(f"{', '.join(dead)} exited during start-up; see "
-                           f"{run_dir / 'logs'}/{dead[0]}.log")
-        try:
-            leader = find_leader(url, timeout=1.0)
-            for role in ("allocator", "broker"):
-                find_leader(url, timeout=1.0, role=role)
-            state = http_get(leader.endpoints["http"] + "/state", timeout=2.0)
-            registered = sum(1 for a in state.get("agents", [])
-                             if a.get("status") == "AGENT_STATUS_REGISTERED")
-            last = f"{registered}/{agents} agents registered"
-            if registered >= agents:
-                return dict(state)
-        except CliError as exc:
-            last = str(exc)
-        if hasattr(status, "update"):
-            status.update(f"waiting for the cluster: {last}")
-        time.sleep(0.2)  # polling a condition with a deadline
+    with ElectionView(url) as election:
+        while time.monotonic() < deadline:
+            dead = [n for (d, n), proc in _children.items()
+                    if d == run_dir.resolve() and proc.poll() is not None]
+            if dead:
+                raise CliError(f"{', '.join(dead)} exited during start-up; see "
+                               f"{run_dir / 'logs'}/{dead[0]}.log")
+            try:
+                central = _central_view(url, election, expected)
+                short = [f"{role} {len(v['standbys'] or []) + 1}/{expected[role]}"
+                         for role, v in central.items()
+                         if v["standbys"] is not None
+                         and len(v["standbys"]) + 1 < expected[role]]
+                leader = find_leader(url, timeout=1.0)
+                state = http_get(leader.endpoints["http"] + "/state", timeout=2.0)
+                registered = sum(1 for a in state.get("agents", [])
+                                 if a.get("status") == "AGENT_STATUS_REGISTERED")
+                last = f"{registered}/{agents} agents registered" + (
+                    f"; in the election: {', '.join(short)}" if short else "")
+                if registered >= agents and not short:
+                    return {**state, "central": central}
+            except CliError as exc:
+                last = str(exc)
+            if hasattr(status, "update"):
+                status.update(f"waiting for the cluster: {last}")
+            time.sleep(0.2)  # polling a condition with a deadline
     raise CliError(f"the cluster was not ready within {timeout:g}s: {last}; see "
                    f"{run_dir / 'logs'}/")
+
+
+def _central_view(url: str, election: ElectionView,
+                  expected: dict[str, int]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for role in expected:
+        leader = find_leader(url, timeout=1.0, role=role)
+        members = election.members(role)
+        out[role] = {"leader": leader.member_id, "epoch": leader.epoch,
+                     "standbys": None if members is None else
+                     [m.member_id for m in members if m.member_id != leader.member_id]}
+    return out
+
+
+def central_summary(state: dict[str, Any]) -> str:
+    """"master-1 (+1 standby), allocator-1, ..." from wait_ready's "central"."""
+    parts = []
+    for role, v in state.get("central", {}).items():
+        standbys = v.get("standbys")
+        more = "" if not standbys else f" (+{len(standbys)} standby: {', '.join(standbys)})"
+        parts.append(f"{role} {v['leader']}{more}")
+    return ", ".join(parts) or "master, allocator, offer-broker"
 
 
 def _checkpointed_executors(run_dir: Path) -> list[Any]:

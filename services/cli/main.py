@@ -15,6 +15,7 @@ from services.cli import cluster, lifecycle, trace, views, why
 from services.cli.client import (
     DEFAULT_RUN_DIR,
     CliError,
+    ElectionView,
     cluster_url,
     find_leader,
     http_get,
@@ -40,7 +41,7 @@ def _counts(counts: Counter[str]) -> str:
 
 def cmd_up(args: argparse.Namespace) -> int:
     cluster.up(cluster.UpOptions(run_dir=args.run_dir, agents=args.agents, masters=args.masters,
-                                 agent_resources=args.agent_resources,
+                                 standbys=args.standbys, agent_resources=args.agent_resources,
                                  standalone=args.standalone, runtime=args.runtime))
     return 0
 
@@ -50,9 +51,10 @@ def cmd_down(args: argparse.Namespace) -> int:
     return 0
 
 
-def status_doc(url: str, leader: Any, state: dict[str, Any],
-               others: dict[str, Any]) -> dict[str, Any]:
-    """`offerbus status --json`: leaders, and counts of agents, frameworks and tasks."""
+def status_doc(url: str, leader: Any, state: dict[str, Any], others: dict[str, Any],
+               standbys: dict[str, list[str] | None] | None = None) -> dict[str, Any]:
+    """`offerbus status --json`: leaders, standbys (per role; None when the election cannot
+    list them), and counts of agents, frameworks and tasks."""
     agents = Counter(a.get("status", "").removeprefix("AGENT_STATUS_").lower()
                      for a in state.get("agents", []))
     return {"cluster": url, "cluster_id": state.get("cluster_id", ""),
@@ -60,8 +62,33 @@ def status_doc(url: str, leader: Any, state: dict[str, Any],
                                    "http": leader.endpoints.get("http", "")},
                         **{role: (None if o is None else {"id": o.member_id, "epoch": o.epoch})
                            for role, o in others.items()}},
+            "standbys": dict(standbys or {}),
             "agents": dict(agents), "frameworks": len(state.get("frameworks", [])),
             "tasks": {s.lower(): n for s, n in views.task_counts(state).items()}}
+
+
+def standbys_of(url: str, run_dir: Path, leaders: dict[str, Any]) -> dict[str, list[str] | None]:
+    """Who stands by for each role: the election's other members (ZooKeeper); for a
+    standalone election, this run dir's running processes of the role that do not lead;
+    None when neither can tell."""
+    out: dict[str, list[str] | None] = {}
+    try:
+        with ElectionView(url, timeout=2.0) as election:
+            for role, leader in leaders.items():
+                members = election.members(role)
+                lead = None if leader is None else leader.member_id
+                out[role] = None if members is None else [
+                    m.member_id for m in members if m.member_id != lead]
+    except CliError:
+        return {role: None for role in leaders}
+    running = cluster.running(run_dir) if run_dir.exists() else {}
+    for role, leader in leaders.items():
+        if out.get(role) is None and running:
+            lead = None if leader is None else leader.member_id
+            names = [n for n in running if n == role or n.startswith(f"{role}-")]
+            ids = [cluster.member_id_of(run_dir, n) for n in names]
+            out[role] = sorted(i for i in ids if i and i != lead) or None
+    return out
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -73,18 +100,25 @@ def cmd_status(args: argparse.Namespace) -> int:
             others[role] = find_leader(url, 1.0, role)
         except CliError:
             others[role] = None
-    doc = status_doc(url, leader, state, others)
+    standbys = standbys_of(url, args.run_dir, {"master": leader, **others})
+    doc = status_doc(url, leader, state, others, standbys)
     if args.json:
         views.print_json(console, doc)
         return 0
+
+    def by(role: str) -> str:
+        ids = standbys.get(role)
+        return "" if ids is None else (f"; standing by: {', '.join(ids)}" if ids
+                                       else "; [yellow]no standby[/]")
+
     console.print(f"cluster {url}" + (f" (id {doc['cluster_id']})" if doc["cluster_id"] else ""))
     console.print(f"  master     {leader.member_id} (epoch {leader.epoch}) "
-                  f"{leader.endpoints['http']}")
+                  f"{leader.endpoints['http']}{by('master')}")
     for role, other in others.items():
         if other is None:
-            console.print(f"  {role:<10} [red]no leader[/]")
+            console.print(f"  {role:<10} [red]no leader[/]{by(role)}")
         else:
-            console.print(f"  {role:<10} {other.member_id} (epoch {other.epoch})")
+            console.print(f"  {role:<10} {other.member_id} (epoch {other.epoch}){by(role)}")
     agents = Counter(doc["agents"])
     console.print(f"  agents     {sum(agents.values())} ({_counts(agents)})")
     console.print(f"  frameworks {doc['frameworks']}")
@@ -178,6 +212,18 @@ def cmd_why(args: argparse.Namespace) -> int:
     return why.cmd_why(args, console)
 
 
+def _count(minimum: int) -> Any:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected at least {minimum}, got {value}")
+        return value
+    return parse
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="offerbus", description="Offerbus cluster manager.")
     ap.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR,
@@ -186,8 +232,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for answers")
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("up", help="start a local cluster (ZooKeeper, services, agents)")
-    p.add_argument("--agents", type=int, default=3)
-    p.add_argument("--masters", type=int, default=1, help="more than 1: hot standbys")
+    p.add_argument("--agents", type=_count(0), default=3)
+    p.add_argument("--masters", type=_count(1), default=1, help="more than 1: hot standbys")
+    p.add_argument("--standbys", type=_count(0), default=0,
+                   help="hot standbys of every central service: N+1 each of master, allocator "
+                   "and offer-broker under the election (masters: at least N+1)")
     p.add_argument("--agent-resources", default="cpus:4;mem:4096;disk:10240;ports:[31000-31999]")
     p.add_argument("--standalone", action="store_true", help="no ZooKeeper: file election")
     p.add_argument("--runtime", choices=["docker", "process"], default="docker")

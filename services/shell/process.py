@@ -3,6 +3,8 @@ logging, tracing), and SIGTERM/SIGINT to a clean stop."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -16,9 +18,23 @@ from services.shell.config import Option
 
 
 def stop_on_signals(reactor: Reactor) -> None:
+    """SIGTERM/SIGINT stop the reactor at once: the signal also writes to a pipe the reactor
+    polls (signal.set_wakeup_fd), else the loop would wait in poll (pyzmq retries an
+    interrupted poll; the signal may land on another thread) until its next timer."""
     def stop(signum: int, frame: FrameType | None) -> None:
         reactor.stop()
 
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+
+    def drain() -> None:
+        with contextlib.suppress(BlockingIOError):
+            while os.read(wake_r, 512):
+                pass
+
+    reactor.add_reader(wake_r, drain)
+    signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
 

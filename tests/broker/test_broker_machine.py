@@ -119,6 +119,7 @@ class BrokerMachine(RuleBasedStateMachine):
         self.held: list[tuple[str, Resources]] = []  # (agent, res) waiting for the stream
         self.on_stream: set[tuple[str, str]] = set()  # tasks published so far
         self.seen: set[str] = set()  # every offer id ever sent
+        self.relayed_by: dict[str, int | None] = {}  # offer id -> the master when it was sent
         self.launched_offers: set[str] = set()  # offers named by any LaunchRequest
         self.allocated: Counter[Any] = Counter()
         self.returned: Counter[Any] = Counter()  # Recovery, any reason (LAUNCHED included)
@@ -166,6 +167,7 @@ class BrokerMachine(RuleBasedStateMachine):
                     assert o.offer_id not in self.seen and o.framework_id == c.framework_id
                     self.seen.add(o.offer_id)
                     self.live[o.offer_id] = o
+                    self.relayed_by[o.offer_id] = self.master
             elif isinstance(c, Notice) and c.kind.startswith("launch_") and \
                     c.kind != "launch_result_ignored":
                 self.settled(c, cmds)
@@ -379,7 +381,11 @@ class BrokerMachine(RuleBasedStateMachine):
             for la in self.pending.values():
                 la.deadline = max(la.deadline, self.now + LAUNCH_TIMEOUT)
         self.master = epoch
-        self.run(self.core.master_changed(epoch, self.now))
+        cmds = self.run(self.core.master_changed(epoch, self.now))
+        if epoch is not None:  # what another master relayed is void, and handed back
+            assert all(self.relayed_by[oid] == epoch for oid in self.live)
+            assert all(r.reason == RC.RECOVER_REASON_RESCINDED for r in recoveries(cmds)
+                       if r.offer_id in {i for c in only(cmds, Rescind) for i in c.offer_ids})
 
     @precondition(lambda self: self.pending)
     @rule(data=st.data())
@@ -427,12 +433,9 @@ class BrokerMachine(RuleBasedStateMachine):
             la.seen |= {t for f, t in keys if f == la.framework_id and t in la.tasks}
 
     def released(self) -> None:
-        """A stream change releases what was held: offered or returned, but what was held
-        for an agent now gone is forgotten with it."""
+        """A stream change releases what was held: offered, or returned (a Recovery, which
+        `run` counted), also what was held for an agent now gone."""
         self.synced = True
-        for agent, res in self.held:
-            if agent not in self.agents:
-                self.forgotten += ledger(res)
         self.held.clear()
 
     def forget_held(self) -> None:

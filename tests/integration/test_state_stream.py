@@ -168,3 +168,25 @@ def test_subscriber_resyncs_when_the_publisher_goes_silent(
     assert reactor.run(until=lambda: sub.stats.get("state_resyncs") > resyncs, timeout=5)
     sub.close()
     pub.close()
+
+
+def test_a_subscriber_told_not_leading_asks_again_soon(
+    ctx: zmq.Context[zmq.Socket[bytes]],
+) -> None:
+    """Subscribers learn a new leader from the election a moment before that leader itself
+    does: their first snapshot request is refused ("not leading"). They waited for the whole
+    snapshot timeout (2 s) before asking again, and a master failover took 2 s longer."""
+    reactor = Reactor()
+    pub = publisher(reactor, ctx, epoch=6)
+    pub.deactivate()  # elected, but not leading yet
+    sub = StateSubscriber(reactor, ctx, Sender("allocator", ALLOCATOR), lambda c: None,
+                          heartbeat_interval=1.0, max_missed=5, snapshot_timeout=2.0)
+    started = reactor.now()
+    sub.connect(pub.pub_endpoint, pub.snapshot_endpoint)
+    assert not reactor.run(until=lambda: sub.synced, timeout=0.2)
+    pub.restart(7, [entry("agent/a", 1)])  # now it leads
+    assert reactor.run(until=lambda: sub.synced, timeout=5)
+    assert reactor.now() - started < 1.0, f"synced {reactor.now() - started:.2f}s after connect"
+    assert sub.store.keys() == {"agent/a"}
+    sub.close()
+    pub.close()
