@@ -261,10 +261,6 @@ def test_an_agent_unreachable_past_the_gone_timeout_is_gone_for_good(
         driver.join(10)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "services/agent/core.py AgentCore.master_event ignores AgentEvent.shutdown unless the "
-    "agent is REGISTERED; a gone agent re-registering gets its Shutdown while REGISTERING, "
-    "so it keeps its containers and retries forever (the master refuses it each time)"))
 def test_a_gone_agent_that_comes_back_shuts_its_tasks_down(
     short_gone: Cluster, docker_client: Any,
 ) -> None:
