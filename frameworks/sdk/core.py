@@ -99,7 +99,7 @@ class SchedulerCore:
         self.framework_id = framework_info.framework_id  # set: a restarted scheduler
         self.implicit_acknowledgements = implicit_acknowledgements
         self.force = force  # first Subscribe only; re-subscriptions always force (our own id)
-        self.backoff = subscribe_backoff or Backoff(initial=1.0, cap=16.0)
+        self.backoff = subscribe_backoff or Backoff(initial=0.1, cap=16.0)
         self.state = State.DISCONNECTED
         self.connection = 0  # bumped by every Subscribe sent
         self.master: MasterInfo | None = None

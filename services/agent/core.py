@@ -162,7 +162,7 @@ class AgentCore:
             call.reregister.CopyFrom(self.state())
         else:
             call.register.agent_info.CopyFrom(self.info)
-        self._register_at = now + self._register_backoff.next_delay() + 1.0
+        self._register_at = now + self._register_backoff.next_delay()
         return [ToMaster(call)]
 
     def master_error(self, code: int, now: float) -> list[Command]:
