@@ -115,9 +115,10 @@ def master_tasks(cluster: Cluster) -> dict[str, str]:
 
 
 def containers(docker_client: Any, framework_id: str) -> dict[str, tuple[str, str]]:
-    """task id -> (container id, docker status), of this framework's containers only."""
-    return {c.labels["org.offerbus.task_id"]: (c.id, c.status)
-            for c in docker_client.containers.list(
+    """task id -> (container id, docker status), of this framework's containers only; from
+    the low-level list (no inspect per container, which fails for one removed meanwhile)."""
+    return {c["Labels"]["org.offerbus.task_id"]: (c["Id"], c["State"])
+            for c in docker_client.api.containers(
                 all=True, filters={"label": f"org.offerbus.framework_id={framework_id}"})}
 
 
