@@ -8,6 +8,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 from services.bus.reactor import Reactor
 from services.shell.process import stop_on_signals
@@ -24,10 +25,16 @@ def test_sigterm_ends_the_loop_at_once() -> None:
     wakeup = signal.set_wakeup_fd(-1)
     sent: list[float] = []
 
+    def main_thread_sleeping() -> bool:
+        """The loop's thread (the process's main thread) is blocked, i.e. in poll."""
+        stat = Path(f"/proc/self/task/{os.getpid()}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] == "S"
+
     def terminate() -> None:
-        while not reactor._running:
-            time.sleep(0.001)  # polling the loop's start from a helper thread
-        time.sleep(0.05)  # let it block in poll
+        deadline = time.monotonic() + 5.0
+        while not (reactor._running and main_thread_sleeping()) \
+                and time.monotonic() < deadline:
+            time.sleep(0.001)  # polling until the loop blocks in poll, from a helper thread
         sent.append(time.monotonic())
         os.kill(os.getpid(), signal.SIGTERM)
 
