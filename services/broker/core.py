@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 
 from schemas import common_pb2, internal_pb2
 from services.broker import stream
+from services.broker.allocations import dropped, facts, hand_back, what
 from services.broker.commands import (
     AcceptRejected,
     Command,
@@ -81,8 +82,6 @@ MAX_HELD = 4096  # allocations held while the state stream syncs; beyond, handed
 RescindReason = common_pb2.RescindReason
 RejectReason = common_pb2.RejectReason
 RecoverReason = internal_pb2.InternalMessage.RecoverResources.Reason
-
-
 
 
 @dataclass
@@ -198,10 +197,10 @@ class BrokerCore:
         held, self._held = self._held, []
         for a in held:
             if a.agent_id not in self._agents:
-                out += self._hand_back(a, _dropped(
-                    a, f"{_what(a)}: the agent is not on the stream; handed back"))
+                out += hand_back(a, dropped(
+                    a, f"{what(a)}: the agent is not on the stream; handed back"))
             elif a.framework_id in gone:
-                out += self._hand_back(a, _dropped(a, f"{_what(a)}: the framework left "
+                out += hand_back(a, dropped(a, f"{what(a)}: the framework left "
                                                       "while it was held"))
             else:
                 out += self._allocation(a, now)
@@ -266,9 +265,9 @@ class BrokerCore:
         room = max(0, self.max_held - len(self._held))
         self._held += batch[:room]
         for a in batch[room:]:
-            out += self._hand_back(a, Notice.of(
-                "allocation_dropped", f"{_what(a)}: more than {self.max_held} allocations "
-                "wait for the state stream", "warning", **_facts(a)))
+            out += hand_back(a, Notice.of(
+                "allocation_dropped", f"{what(a)}: more than {self.max_held} allocations "
+                "wait for the state stream", "warning", **facts(a)))
         if batch[:room]:
             out.append(Notice.of("allocations_held", f"{len(batch[:room])} allocations "
                                  "wait for the state stream to sync",
@@ -283,24 +282,27 @@ class BrokerCore:
         return out
 
     def _allocation(self, a: internal_pb2.Allocation, now: float) -> list[Command]:
-        what = _what(a)
+        name = what(a)
         if not a.framework_id or not a.agent_id:
-            return [_dropped(a, f"{what}: no framework or agent id")]
+            return [dropped(a, f"{name}: no framework or agent id")]
         if a.allocation_id and a.allocation_id in self.table.live_allocations:
-            return [_dropped(a, f"{what}: duplicate of a live offer")]
+            return [dropped(a, f"{name}: duplicate of a live offer")]
         try:
             res = (Resources.from_proto(a.resources))
         except ValueError as exc:
-            return [_dropped(a, f"{what}: invalid resources: {exc}")]
+            return [dropped(a, f"{name}: invalid resources: {exc}")]
         if not res:
-            return [_dropped(a, f"{what}: no resources")]
+            return [dropped(a, f"{name}: no resources")]
         if not self._fits(a.agent_id, res):
             # Trust, but never offer more than the agent has: hand it straight back.
-            return self._hand_back(a, Notice.of(
-                "allocation_over_total", f"{what}: {res} overlaps what is offered or "
-                "launching there, or exceeds the agent's total", "warning", **_facts(a)), res)
+            return hand_back(a, Notice.of(
+                "allocation_over_total", f"{name}: {res} overlaps what is offered or "
+                "launching there, or exceeds the agent's total", "warning", **facts(a)), res)
+        agent = self._agents.get(a.agent_id)
+        if agent is None:  # the allocator's copy of the stream is ahead of ours (failover)
+            return hand_back(a, dropped(a, f"{name}: the agent is not on the stream yet; "
+                                           "handed back"), res)
         self._next_offer += 1
-        agent = self._agents.get(a.agent_id, AgentView())
         timeout = self.offer_timeout
         offer = Offer(
             offer_id=f"{self.prefix}-o{self._next_offer}", framework_id=a.framework_id,
@@ -311,17 +313,6 @@ class BrokerCore:
             attributes=agent.attributes, master_epoch=self._launches.master_epoch)
         self.table.create(offer)
         return [SendOffers(a.framework_id, (offer,))]
-
-    def _hand_back(self, a: internal_pb2.Allocation, notice: Notice,
-                   res: Resources | None = None) -> list[Command]:
-        if res is None:
-            try:
-                res = Resources.from_proto(a.resources)
-            except ValueError:
-                return [notice]
-        return [notice, RecoverResources((Recovery(
-            a.framework_id, a.agent_id, res, RecoverReason.RECOVER_REASON_RESCINDED,
-            allocation_id=a.allocation_id),))]
 
     # -- events: frameworks, through the master ----------------------------------------
     def accept(self, framework_id: str, offer_ids: Sequence[str],
@@ -588,18 +579,3 @@ class BrokerCore:
         assert not self._held or not self._synced, "allocations held from a synced stream"
         assert len(self._held) <= self.max_held
         assert self.allocator_epoch >= 0
-
-
-def _what(a: internal_pb2.Allocation) -> str:
-    return f"allocation {a.allocation_id!r} ({a.framework_id!r} on {a.agent_id!r})"
-
-
-def _facts(a: internal_pb2.Allocation) -> dict[str, str]:
-    """An allocation's facts for a Notice: its ids, and its trace (the allocate span's),
-    under which the shell records the offer that was not made."""
-    return {"allocation_id": a.allocation_id, "framework_id": a.framework_id,
-            "agent_id": a.agent_id, "allocation_traceparent": a.traceparent}
-
-
-def _dropped(a: internal_pb2.Allocation, message: str) -> Notice:
-    return Notice.of("allocation_dropped", message, "warning", **_facts(a))

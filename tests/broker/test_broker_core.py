@@ -3,15 +3,11 @@ machine is in test_broker_machine.py; the decisions around it in test_broker_dec
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from schemas import common_pb2, internal_pb2
 from services.broker.commands import (
     AcceptRejected,
-    Command,
-    Decision,
     LaunchRequest,
     RecoverResources,
     Recovery,
@@ -19,82 +15,32 @@ from services.broker.commands import (
     SendOffers,
     coalesce,
 )
-from services.broker.core import BrokerCore
 from services.broker.table import IllegalTransition, OfferState
 from services.broker.validation import refuse_seconds
 from services.notice import Notice
 from services.resources import Resources
-
-RR = common_pb2.RescindReason
-RJ = common_pb2.RejectReason
-RC = internal_pb2.InternalMessage.RecoverResources.Reason
-T0 = 1_000.0
-
-
-def alloc(aid: str, fw: str = "f1", agent: str = "a1", role: str = "*",
-          ports: list[tuple[int, int]] | None = None,
-          **res: Any) -> internal_pb2.Allocation:
-    r = Resources.of(ports=ports or (), **(res or {"cpus": 2, "mem": 1024}))
-    return internal_pb2.Allocation(allocation_id=aid, framework_id=fw, agent_id=agent,
-                                   role=role, resources=r.to_proto(), traceparent=f"tp-{aid}")
-
-
-def task(tid: str, role: str = "*", ports: list[tuple[int, int]] | None = None,
-         **res: Any) -> common_pb2.TaskInfo:
-    return common_pb2.TaskInfo(task_id=tid, name=tid,
-                               resources=Resources.of(role, ports or (), **res).to_proto())
-
-
-def launch(*tasks: common_pb2.TaskInfo) -> common_pb2.Operation:
-    return common_pb2.Operation(launch=common_pb2.Operation.Launch(tasks=tasks))
-
-
-def reserve(role: str, **res: Any) -> common_pb2.Operation:
-    return common_pb2.Operation(reserve=common_pb2.Operation.Reserve(
-        resources=Resources.of(role, **res).to_proto()))
-
-
-def filters(refuse: float | None) -> common_pb2.Filters:
-    return common_pb2.Filters() if refuse is None else common_pb2.Filters(refuse_seconds=refuse)
-
-
-Out = list[Command] | Decision
-
-
-def commands(out: Out) -> list[Command]:
-    return out.commands if isinstance(out, Decision) else out
-
-
-def only(out: Out, cls: type[Any]) -> list[Any]:
-    return [c for c in commands(out) if isinstance(c, cls)]
-
-
-def recoveries(out: Out) -> list[Recovery]:
-    return [r for c in only(out, RecoverResources) for r in c.recoveries]
-
-
-def offer_ids(out: Out) -> list[str]:
-    return [o.offer_id for c in only(out, SendOffers) for o in c.offers]
-
-
-def make(n: int = 1, fw: str = "f1", agent: str = "a1", timeout: float | None = 30.0,
-         **res: Any) -> tuple[BrokerCore, list[str]]:
-    core = BrokerCore(prefix="e7", offer_timeout=timeout)
-    cmds = core.allocations([alloc(f"al{i}", fw, agent, **res) for i in range(n)], T0)
-    core.validate()
-    return core, offer_ids(cmds)
-
-
-def rejected(cmds: Out) -> AcceptRejected:
-    (rej,) = only(cmds, AcceptRejected)
-    assert not only(cmds, LaunchRequest)
-    return rej
-
+from tests.broker.harness import (
+    RC,
+    RJ,
+    RR,
+    T0,
+    alloc,
+    broker,
+    filters,
+    launch,
+    make,
+    offer_ids,
+    only,
+    recoveries,
+    rejected,
+    reserve,
+    task,
+)
 
 # -- allocations become offers ----------------------------------------------------------
 
 def test_allocations_become_offers_batched_per_framework() -> None:
-    core = BrokerCore(prefix="e7")
+    core = broker(prefix="e7")
     core.agent_updated("a1", "host-1", Resources.of(cpus=16, mem=8192), T0)
     cmds = core.allocations([alloc("x", "f1"), alloc("y", "f2"), alloc("z", "f1")], T0)
     sends = only(cmds, SendOffers)
@@ -120,14 +66,14 @@ def test_offer_without_timeout_never_expires() -> None:
 
 def test_ids_differ_across_broker_epochs_and_old_ids_are_unknown() -> None:
     _, (oid,) = make()
-    new = BrokerCore(prefix="e8")
+    new = broker(prefix="e8")
     assert offer_ids(new.allocations([alloc("al0")], T0)) == ["e8-o1"]
     rej = rejected(new.accept("f1", [oid], [], None, T0))
     assert rej.reason == RJ.REJECT_REASON_OFFER_UNKNOWN and "unknown" in rej.message
 
 
 def test_allocation_beyond_agent_total_is_handed_back() -> None:
-    core = BrokerCore(prefix="e7")
+    core = broker(prefix="e7")
     core.agent_updated("a1", "h", Resources.of(cpus=4, mem=4096), T0)
     cmds = core.allocations([alloc("x", cpus=3, mem=1), alloc("y", cpus=2, mem=1)], T0)
     assert len(offer_ids(cmds)) == 1
@@ -138,10 +84,27 @@ def test_allocation_beyond_agent_total_is_handed_back() -> None:
 
 
 def test_same_port_is_never_offered_twice_even_without_a_known_total() -> None:
-    core = BrokerCore(prefix="e7")
+    core = broker(prefix="e7")
     cmds = core.allocations([alloc("x", ports=[(31000, 31004)], cpus=1),
                              alloc("y", "f2", ports=[(31004, 31006)], cpus=1)], T0)
     assert len(offer_ids(cmds)) == 1 and recoveries(cmds)[0].allocation_id == "y"
+
+
+def test_allocation_for_an_agent_not_on_the_stream_is_handed_back_not_offered() -> None:
+    # After a master failover the allocator can know an agent (from its own copy of the
+    # stream) before the broker's copy has it: an offer would name no hostname and no
+    # attributes, and a framework placing by either would be misled. It goes back.
+    core = broker(prefix="e7")
+    core.agent_updated("a1", "host-1", Resources.of(cpus=16, mem=8192), T0)
+    cmds = core.allocations([alloc("x", agent="a9"), alloc("y", agent="a1")], T0)
+    offer = core.offer("e7-o1")
+    assert offer_ids(cmds) == ["e7-o1"] and offer is not None and offer.agent_id == "a1"
+    (rec,) = recoveries(cmds)
+    assert (rec.allocation_id, rec.agent_id) == ("x", "a9")
+    assert rec.reason == RC.RECOVER_REASON_RESCINDED
+    (note,) = only(cmds, Notice)
+    assert note.kind == "allocation_dropped" and "not on the stream" in note.message
+    core.validate()
 
 
 def test_duplicate_and_empty_allocations_are_dropped() -> None:
@@ -203,7 +166,7 @@ def test_accept_of_an_expired_offer_is_rejected() -> None:
 
 
 def test_accept_with_a_foreign_offer_uses_up_only_its_own() -> None:
-    core = BrokerCore(prefix="e7")
+    core = broker(prefix="e7")
     mine, theirs = offer_ids(core.allocations([alloc("x", "f1"), alloc("y", "f2")], T0))
     cmds = core.accept("f1", [mine, theirs], [launch(task("t", cpus=1))], None, T0)
     rej = rejected(cmds)
@@ -236,7 +199,7 @@ def test_offer_named_twice_in_one_accept_is_rejected_and_used_up() -> None:
 
 
 def test_offers_of_two_agents_are_rejected() -> None:
-    core = BrokerCore(prefix="e7")
+    core = broker(prefix="e7")
     ids = offer_ids(core.allocations([alloc("x", agent="a1"), alloc("y", agent="a2")], T0))
     cmds = core.accept("f1", ids, [launch(task("t", cpus=1))], None, T0)
     assert rejected(cmds).reason == RJ.REJECT_REASON_OFFERS_MIXED_AGENTS
@@ -270,7 +233,7 @@ def test_invalid_tasks_are_rejected(ops: list[common_pb2.Operation], needle: str
 
 
 def test_port_mapping_outside_the_tasks_ports_is_rejected() -> None:
-    core = BrokerCore(prefix="e7")
+    core = broker(prefix="e7")
     (oid,) = offer_ids(core.allocations([alloc("x", ports=[(31000, 31009)], cpus=1)], T0))
     t = task("t", cpus=1, ports=[(31000, 31000)])
     t.container.docker.port_mappings.add(host_port=31005, container_port=80)
@@ -279,7 +242,7 @@ def test_port_mapping_outside_the_tasks_ports_is_rejected() -> None:
 
 
 def test_reserve_then_launch_on_the_reservation() -> None:
-    core = BrokerCore(prefix="e7")
+    core = broker(prefix="e7")
     (oid,) = offer_ids(core.allocations([alloc("x", role="web", cpus=4, mem=512)], T0))
     ops = [reserve("web", cpus=2), launch(task("t", role="web", cpus=1), task("u", mem=128))]
     cmds = core.accept("f1", [oid], ops, None, T0)
@@ -302,7 +265,7 @@ def test_reserve_then_launch_on_the_reservation() -> None:
 ])
 def test_reservations_only_on_resources_in_the_offer(op: common_pb2.Operation,
                                                       reason: int) -> None:
-    core = BrokerCore(prefix="e7")
+    core = broker(prefix="e7")
     (oid,) = offer_ids(core.allocations([alloc("x", role="web", cpus=4, mem=512)], T0))
     assert rejected(core.accept("f1", [oid], [op], None, T0)).reason == reason
 
@@ -363,7 +326,7 @@ def test_launch_refused_by_the_master() -> None:
 
 
 def test_agent_removed_rescinds_without_recovery() -> None:
-    core = BrokerCore(prefix="e7")
+    core = broker(prefix="e7")
     core.allocations([alloc("x", "f1"), alloc("y", "f2"), alloc("z", agent="a2")], T0)
     cmds = core.agent_removed("a1", T0)
     assert sorted((r.framework_id, r.reason) for r in only(cmds, Rescind)) == [
@@ -373,7 +336,7 @@ def test_agent_removed_rescinds_without_recovery() -> None:
 
 
 def test_framework_removed_rescinds_and_recovers() -> None:
-    core = BrokerCore(prefix="e7")
+    core = broker(prefix="e7")
     core.allocations([alloc("x", "f1"), alloc("y", "f2"), alloc("z", "f1", "a2")], T0)
     cmds = core.framework_removed("f1", T0)
     (resc,) = only(cmds, Rescind)
@@ -383,7 +346,7 @@ def test_framework_removed_rescinds_and_recovers() -> None:
 
 
 def test_agent_shrinking_below_its_offers_rescinds_them() -> None:
-    core = BrokerCore(prefix="e7")
+    core = broker(prefix="e7")
     core.agent_updated("a1", "h", Resources.of(cpus=8, mem=8192), T0)
     core.allocations([alloc("x", cpus=4, mem=1)], T0)
     cmds = core.agent_updated("a1", "h", Resources.of(cpus=2, mem=8192), T0)
@@ -393,7 +356,7 @@ def test_agent_shrinking_below_its_offers_rescinds_them() -> None:
 
 
 def test_rescind_all_empties_the_table_without_recovery() -> None:
-    core = BrokerCore(prefix="e7")
+    core = broker(prefix="e7")
     ids = offer_ids(core.allocations([alloc("x", "f1"), alloc("y", "f2"), alloc("z", "f1")],
                                      T0))
     (req,) = only(core.accept("f1", [ids[0]], [launch(task("t", cpus=1))], None, T0),
@@ -419,7 +382,7 @@ def test_illegal_transitions_raise() -> None:
 
 
 def test_coalesce_batches_a_drain_and_hides_offers_rescinded_within_it() -> None:
-    core = BrokerCore(prefix="e7")
+    core = broker(prefix="e7")
     cmds = core.allocations([alloc("x", "f1"), alloc("y", "f2")], T0)
     cmds += core.allocations([alloc("z", "f1", "a2")], T0)
     cmds += core.agent_removed("a2", T0)

@@ -13,55 +13,27 @@ from services.broker.commands import AcceptRejected, LaunchRequest, Rescind, Sen
 from services.broker.core import BrokerCore
 from services.broker.launches import LaunchTracker, PendingLaunch
 from services.broker.table import OfferState
-from services.bus.stream_core import StateEntry
 from services.notice import Notice
 from services.resources import Resources
-from tests.broker.test_broker_core import (
+from tests.broker.harness import (
     RC,
     RJ,
     RR,
     T0,
+    agent_entry,
     alloc,
+    broker,
+    deleted,
+    framework_entry,
     launch,
     offer_ids,
     only,
     recoveries,
     task,
+    task_entry,
 )
 
 LT = 60.0  # the launch timeout of these tests
-
-
-def agent_entry(agent_id: str, hostname: str = "", cpus: float = 8, mem: float = 4096,
-                status: int = state_pb2.AgentRecord.Status.AGENT_STATUS_REGISTERED,
-                rack: str = "") -> StateEntry:
-    e = StateEntry(key=f"agents/{agent_id}")
-    rec = e.value.agent
-    rec.status = status  # type: ignore[assignment]
-    rec.agent_info.agent_id = agent_id
-    rec.agent_info.hostname = hostname or f"host-{agent_id}"
-    rec.agent_info.resources.extend(Resources.of(cpus=cpus, mem=mem).to_proto())
-    if rack:
-        rec.agent_info.attributes.add(name="rack", text=rack)
-    return e
-
-
-def framework_entry(fid: str, connected: bool = True) -> StateEntry:
-    e = StateEntry(key=f"frameworks/{fid}")
-    e.value.framework.framework_info.framework_id = fid
-    e.value.framework.connected = connected
-    return e
-
-
-def task_entry(fid: str, tid: str) -> StateEntry:
-    e = StateEntry(key=f"tasks/{fid}/{tid}")
-    e.value.task.framework_id = fid
-    e.value.task.task_info.task_id = tid
-    return e
-
-
-def deleted(key: str) -> StateEntry:
-    return StateEntry(key=key, deleted=True)
 
 
 def notices(cmds: Any, kind: str) -> list[Notice]:
@@ -71,7 +43,7 @@ def notices(cmds: Any, kind: str) -> list[Notice]:
 def launching(master: int | None = 1, tasks: tuple[str, ...] = ("t1", "t2"),
               timeout: float | None = LT) -> tuple[BrokerCore, LaunchRequest]:
     """A core whose one offer was accepted: its LaunchRequest is in flight to `master`."""
-    core = BrokerCore(prefix="e7", launch_timeout=timeout)
+    core = broker(prefix="e7", launch_timeout=timeout)
     core.master_changed(master, T0)
     core.stream_changed([agent_entry("a1"), framework_entry("f1")], T0, reset=True)
     (offer,) = only(core.allocations([alloc("x", cpus=4, mem=1024)], T0), SendOffers)
@@ -196,7 +168,7 @@ def test_offers_relayed_by_a_master_that_no_longer_leads_are_taken_back_at_once(
     re-subscribing with the next master holds none of them (its driver voids them). They
     were left outstanding, offered to nobody, until the offer timeout (30 s by default);
     now the broker rescinds them and hands them back to the allocator, unfiltered."""
-    core = BrokerCore(prefix="e7")
+    core = broker(prefix="e7")
     core.master_changed(1, T0)
     core.stream_changed([agent_entry("a1"), framework_entry("f1"), framework_entry("f2")],
                         T0, reset=True)
@@ -225,7 +197,7 @@ def test_offers_relayed_by_a_master_that_no_longer_leads_are_taken_back_at_once(
 
 def test_offers_made_while_no_master_led_are_taken_back_when_one_leads() -> None:
     """Nobody relayed them (the broker had no master to send them to)."""
-    core = BrokerCore(prefix="e7")
+    core = broker(prefix="e7")
     core.master_changed(None, T0)
     made = offer_ids(core.allocations([alloc("x", cpus=1, mem=64)], T0))
     cmds = core.master_changed(1, T0 + 1)
@@ -261,7 +233,7 @@ def test_a_new_allocator_epoch_rescinds_the_old_offers_without_recovery() -> Non
 
 
 def test_a_new_allocator_drops_what_the_old_one_had_held() -> None:
-    core = BrokerCore(prefix="e7")
+    core = broker(prefix="e7")
     core.allocator_seen(1, T0)
     core.allocations([alloc("x")], T0, synced=False)
     assert core.held == 1
@@ -273,7 +245,7 @@ def test_a_new_allocator_drops_what_the_old_one_had_held() -> None:
 # -- the state stream ----------------------------------------------------------------------
 
 def test_allocations_wait_for_the_stream_then_name_what_it_says() -> None:
-    core = BrokerCore(prefix="e7")
+    core = broker(prefix="e7")
     cmds = core.allocations([alloc("x"), alloc("y", "f2")], T0, synced=False)
     assert not only(cmds, SendOffers) and not recoveries(cmds)
     assert notices(cmds, "allocations_held") and core.held == 2
@@ -288,7 +260,7 @@ def test_allocations_wait_for_the_stream_then_name_what_it_says() -> None:
 
 
 def test_held_allocations_are_bounded_and_the_rest_handed_back() -> None:
-    core = BrokerCore(prefix="e7", max_held=2)
+    core = broker(prefix="e7", max_held=2)
     cmds = core.allocations([alloc("x"), alloc("y"), alloc("z")], T0, synced=False)
     (rec,) = recoveries(cmds)
     assert rec.allocation_id == "z" and rec.reason == RC.RECOVER_REASON_RESCINDED
@@ -297,7 +269,7 @@ def test_held_allocations_are_bounded_and_the_rest_handed_back() -> None:
 
 
 def test_agents_read_off_the_stream() -> None:
-    core = BrokerCore(prefix="e7")
+    core = broker(prefix="e7")
     core.stream_changed([agent_entry("a1"), agent_entry("a2")], T0, reset=True)
     core.allocations([alloc("x", agent="a1"), alloc("y", agent="a2"),
                       alloc("z", agent="a2", cpus=1, mem=1)], T0)
@@ -321,7 +293,7 @@ def test_agents_read_off_the_stream() -> None:
 
 
 def test_frameworks_read_off_the_stream() -> None:
-    core = BrokerCore(prefix="e7")
+    core = broker(prefix="e7")
     core.stream_changed([agent_entry("a1"), framework_entry("f1"), framework_entry("f2"),
                          framework_entry("f3")], T0, reset=True)
     core.allocations([alloc("x", "f1", cpus=1, mem=1), alloc("y", "f2", cpus=1, mem=1),
@@ -368,7 +340,7 @@ def test_verdicts_carry_what_the_validate_span_needs() -> None:
 
 
 def test_a_dropped_allocation_names_its_trace() -> None:
-    core = BrokerCore(prefix="e7")
+    core = broker(prefix="e7")
     a = alloc("x")
     a.ClearField("resources")
     (n,) = notices(core.allocations([a], T0), "allocation_dropped")
@@ -388,7 +360,7 @@ def test_rescind_all_forgets_tracked_launches_and_held_allocations() -> None:
 def test_held_allocations_of_agents_or_frameworks_gone_meanwhile_are_not_offered() -> None:
     """Found by the state machine: the stream that releases held allocations may also say
     their agent or framework is gone; offering them would offer what nobody has."""
-    core = BrokerCore(prefix="e7")
+    core = broker(prefix="e7")
     core.stream_changed([agent_entry("a1"), agent_entry("a2"), framework_entry("f1"),
                          framework_entry("f2")], T0, reset=True)
     core.allocations([alloc("x", "f1", "a1"), alloc("y", "f2", "a2"), alloc("z", "f1", "a2")],
@@ -416,7 +388,7 @@ def test_allocations_held_for_an_agent_missing_from_a_new_copy_go_back_to_the_al
     agents leave too; but the allocator's copy, taken a moment later, had them: it counted
     those resources as offered for good and never offered them again. Now they go back
     (a Recovery for an agent the allocator dropped meanwhile is stale and ignored)."""
-    core = BrokerCore(prefix="e7")
+    core = broker(prefix="e7")
     core.master_changed(1, T0)
     core.stream_changed([agent_entry("a1"), framework_entry("f1")], T0, reset=True)
     core.master_changed(2, T0 + 1)

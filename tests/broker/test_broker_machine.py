@@ -26,26 +26,29 @@ from services.broker.commands import (
     Rescind,
     SendOffers,
 )
-from services.broker.core import BrokerCore
 from services.broker.validation import refuse_seconds
 from services.notice import Notice
 from services.resources import Resources
-from tests.broker.test_broker_core import (
+from tests.broker.harness import (
     RC,
     RJ,
     T0,
     Out,
+    agent_entry,
     alloc,
+    broker,
     commands,
+    deleted,
     filters,
+    framework_entry,
     launch,
     only,
     recoveries,
     rejected,
     reserve,
     task,
+    task_entry,
 )
-from tests.broker.test_broker_decisions import agent_entry, deleted, framework_entry, task_entry
 
 AGENTS = ("a0", "a1", "a2")
 ROLES = {"f0": "*", "f1": "web", "f2": "web"}
@@ -106,7 +109,7 @@ class BrokerMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.core = BrokerCore(prefix="e1", offer_timeout=TIMEOUT,
+        self.core = broker(prefix="e1", offer_timeout=TIMEOUT,
                                launch_timeout=LAUNCH_TIMEOUT)
         self.now = T0
         self.n = 0
