@@ -112,7 +112,7 @@ class AgentHandlers(AgentLiveness):
                                 .Shutdown(reason=f"agent {aid} was declared gone")))]
             aid, known = "", None  # a fresh agent on a gone machine: a new id
         if not aid:
-            aid = self._new_id("agent", "S", [*self.agents, *self.recovering])
+            aid = self._new_id("agent", "S", self.agents, self.recovering)
         plan = self._plan(aid, known, reported, frameworks)
         need = Resources.total([*(t.resources for t in plan.add if not tasks.is_terminal(t.state)),
                          *(t.resources for t in plan.reconcile),
@@ -134,15 +134,15 @@ class AgentHandlers(AgentLiveness):
             known = Agent(aid, info, REGISTERED, total, status_since=self._now,
                           registered_at=self._now)
             self.agents[aid] = known
-            self._registry_changed()
+            self._registry_changed(aid)
         else:
             if known.status != REGISTERED or known.info.hostname != info.hostname:
-                self._registry_changed()
+                self._registry_changed(aid)
                 known.status_since = self._now
             known.info, known.total, known.status = info, total, REGISTERED
             known.unreachable_since = 0.0
         if was is not None and was.get("status") != "registered":
-            self._registry_changed()
+            self._registry_changed(aid)
         self._bind_agent(known, peer)
         self._agent_back(known, peer)
         self._touch("agent", aid)

@@ -70,10 +70,14 @@ class Publish:
 
 @dataclass(frozen=True)
 class PersistRegistry:
-    """The registry changed: the shell writes this whole (small) document to ZooKeeper (or
-    the standalone file). Writes are idempotent; the newest document wins."""
+    """The registry changed; `change` says what (registry.merge applies it): the entries of
+    the agents that changed under "agents" (None: forgotten), and "cluster_id",
+    "frameworks" and "roles" whole when any of them changed. The shell's writer keeps the
+    whole document (the registry as loaded, plus every change since) and writes it to
+    ZooKeeper (or the standalone file); the newest document wins. A change costs what
+    changed, not the size of the fleet."""
 
-    document: dict[str, object]
+    change: dict[str, object]
 
 
 Command = (ToAgent | ToFramework | ToBroker | ToOperator | Reject | Publish | PersistRegistry

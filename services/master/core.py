@@ -235,7 +235,7 @@ class MasterCore(AgentHandlers, FrameworkHandlers):
                                               hostname=str(entry.get("hostname", ""))),
                     UNREACHABLE, Resources(), status_since=now, unreachable_since=now)
                 self._touch("agent", aid)
-            self._registry_changed()
+                self._registry_changed(aid)
         out += self._expire_agents()
         for rid, req in list(self.log_requests.items()):
             if now >= req.created_at + LOGS_TIMEOUT_S:

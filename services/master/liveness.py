@@ -200,7 +200,7 @@ class AgentLiveness(MasterState):
         agent.status = UNREACHABLE
         agent.status_since = agent.unreachable_since = self._now
         self._touch("agent", agent.agent_id)
-        self._registry_changed()
+        self._registry_changed(agent.agent_id)
         self._lower_checks(gone=self._now + self.agent_gone_timeout_s)
         for key in sorted(agent.tasks):
             task = self.tasks[key]
@@ -222,7 +222,7 @@ class AgentLiveness(MasterState):
         agent.status = GONE
         agent.status_since = self._now
         self._touch("agent", agent.agent_id)
-        self._registry_changed()
+        self._registry_changed(agent.agent_id)
         for key in sorted(agent.tasks):
             self._end_task(self.tasks[key], state, reason, why)  # type: ignore[arg-type]
         out = self._failure_to_all(agent.agent_id) if was_registered else []
@@ -257,9 +257,9 @@ class AgentLiveness(MasterState):
                 self._forgotten_peers[peer] = self.lost_peers[peer]
             self._forget_lost_peer(agent.agent_id)
             self._touch("agent", agent.agent_id)  # published as deleted
+            self._registry_changed(agent.agent_id)
         while len(self._forgotten_peers) > MAX_FORGOTTEN_PEERS:
             self._forgotten_peers.popitem(last=False)
-        self._registry_changed()
         self._notices.append(Notice.of(
             "gone_agents_pruned", f"{excess} gone agents forgotten (at most "
             f"{self.max_gone_agents} are kept)", "info", count=excess))

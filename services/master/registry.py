@@ -51,6 +51,33 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
+def merge(document: Document, change: Document) -> None:
+    """Apply a core's change (commands.PersistRegistry) to the whole document, in place:
+    agents' entries set or (None) removed, other sections replaced whole. Entries are
+    replaced, never edited, so a shallow copy of the document is a consistent snapshot."""
+    for key, value in change.items():
+        if key == "agents":
+            agents = document.setdefault("agents", {})
+            for agent_id, entry in value.items():
+                if entry is None:
+                    agents.pop(agent_id, None)
+                else:
+                    agents[agent_id] = entry
+        else:
+            document[key] = value
+
+
+def fold(into: Document, change: Document) -> Document:
+    """Fold a later change into an earlier one (both as `merge` takes them): agents'
+    entries (removals too) accumulate, other sections are replaced. Returns `into`."""
+    for key, value in change.items():
+        if key == "agents":
+            into.setdefault("agents", {}).update(value)
+        else:
+            into[key] = value
+    return into
+
+
 def encode(document: Document, epoch: int) -> bytes:
     return zlib.compress(json.dumps({"epoch": epoch, "registry": document},
                                     sort_keys=True).encode())
@@ -204,7 +231,7 @@ RegistryEvent = Loaded | Written | Fenced | Refused
 class _Op:
     kind: str  # "store" or "load"
     epoch: int
-    document: Document | None = None
+    change: Document | None = None  # a store's changes, folded
 
 
 class RegistryWriter:
@@ -222,6 +249,7 @@ class RegistryWriter:
         self.fenced_by = 0  # the newest epoch seen in the registry that was not ours
         self._queue: deque[_Op] = deque()
         self._loaded: Loaded | None = None  # the latest load's result
+        self._document: Document = {}  # as last loaded, plus every change stored since
         self._busy = False
         self._closed = False
         self._cond = threading.Condition()
@@ -229,17 +257,31 @@ class RegistryWriter:
         self._thread.start()
 
     # -- the reactor's side ------------------------------------------------------------------
-    def store(self, document: Document, epoch: int) -> None:
-        """Queue `document`; a store still waiting is replaced (the newest wins). Raises
-        StaleEpoch when a newer leader's write was already seen."""
+    def store(self, change: Document, epoch: int) -> None:
+        """Queue `change` (see `merge`): the worker applies it, in order with loads, to the
+        document it keeps (the registry as last loaded, plus every change since) and writes
+        that. Changes waiting in a row are folded into one (the newest document wins).
+        O(change) on the caller's thread. Raises StaleEpoch when a newer leader's write was
+        already seen."""
         if epoch < self.fenced_by:
             raise StaleEpoch(f"the registry is epoch {self.fenced_by}'s; ours is {epoch}",
                              self.fenced_by)
         with self._cond:
-            if self._queue and self._queue[-1].kind == "store":
-                self._queue.pop()
-            self._queue.append(_Op("store", epoch, document))
+            last = self._queue[-1] if self._queue else None
+            if last is not None and last.kind == "store" and last.epoch == epoch:
+                assert last.change is not None
+                fold(last.change, change)
+            else:
+                self._queue.append(_Op("store", epoch, fold({}, change)))
             self._cond.notify_all()
+
+    def document(self) -> Document:
+        """A consistent copy of the document kept (tests, diagnostics)."""
+        with self._cond:
+            return self._snapshot()
+
+    def _snapshot(self) -> Document:  # under the lock
+        return _copy(self._document)
 
     def load(self, epoch: int) -> None:
         """Queue a load for the leadership at `epoch`, after every store asked before it (a
@@ -300,13 +342,16 @@ class RegistryWriter:
     def _do(self, op: _Op) -> None:
         data = b""
         if op.kind == "store":
-            assert op.document is not None
-            data = encode(op.document, op.epoch)
+            with self._cond:
+                assert op.change is not None
+                merge(self._document, op.change)
+                document = self._snapshot()  # shallow: O(agents) of C, not the encoding
+            data = encode(document, op.epoch)
             if len(data) > self.max_bytes:
                 self.refused += 1
                 log.error("registry document too large: not written", bytes=len(data),
-                          limit=self.max_bytes, agents=len(op.document.get("agents", {})),
-                          frameworks=len(op.document.get("frameworks", {})), epoch=op.epoch)
+                          limit=self.max_bytes, agents=len(document.get("agents", {})),
+                          frameworks=len(document.get("frameworks", {})), epoch=op.epoch)
                 self.on_event(Refused(op.epoch, len(data), self.max_bytes))
                 return
         delay = RETRY_FIRST_S
@@ -316,6 +361,8 @@ class RegistryWriter:
                     loaded = Loaded(op.epoch, self.backend.load())
                     with self._cond:
                         self._loaded = loaded
+                        # changes of the leadership that follows apply to what it loaded
+                        self._document = _copy(loaded.document or {})
                         self._cond.notify_all()
                     self.on_event(loaded)
                 else:
@@ -344,6 +391,10 @@ class RegistryWriter:
         """A newer operation of the same kind waits at the head of the queue (never past a
         different kind: order is kept)."""
         return bool(self._queue) and self._queue[0].kind == op.kind
+
+
+def _copy(document: Document) -> Document:
+    return {k: dict(v) if isinstance(v, dict) else v for k, v in document.items()}
 
 
 def registry_from_url(url: str) -> Backend:

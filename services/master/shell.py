@@ -327,7 +327,7 @@ class MasterShell(ServiceKit):
                                           else self.front, c.peer, c.code, c.message,
                                           c.in_reply_to))
         on(Publish, lambda c: self._pending_publish.extend(c.entries))
-        on(PersistRegistry, lambda c: self._persist(c.document))
+        on(PersistRegistry, lambda c: self._persist(c.change))
 
     def _to_agent(self, cmd: ToAgent) -> None:
         if cmd.event.WhichOneof("event") == "run_tasks":
@@ -391,9 +391,9 @@ class MasterShell(ServiceKit):
         env.in_reply_to = in_reply_to
         server.send(peer, env)
 
-    def _persist(self, document: dict[str, Any]) -> None:
+    def _persist(self, change: dict[str, Any]) -> None:
         try:
-            self.registry.store(document, self.sender.epoch)  # returns at once
+            self.registry.store(change, self.sender.epoch)  # returns at once
         except StaleEpoch as exc:
             self._registry_fenced(str(exc))
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
@@ -215,7 +215,8 @@ class MasterState:
         # Per call:
         self._now = 0.0
         self._dirty: dict[Dirty, None] = {}
-        self._registry_dirty = False
+        self._registry_agents: set[str] = set()  # agents whose registry entry changed
+        self._registry_sections = False  # the cluster id, frameworks or roles changed
         self._updates: dict[str, list[common_pb2.TaskStatus]] = {}
 
     # -- per-call bookkeeping ----------------------------------------------------------
@@ -229,8 +230,8 @@ class MasterState:
 
     def _end(self, out: list[Command]) -> list[Command]:
         head: list[Command] = []
-        if self._registry_dirty:
-            head.append(PersistRegistry(self.registry_document()))
+        if self._registry_agents or self._registry_sections:
+            head.append(PersistRegistry(self._registry_change()))
         for fid, statuses in self._updates.items():
             fw = self.frameworks.get(fid)
             if fw is not None and fw.peer is not None and statuses:
@@ -240,7 +241,6 @@ class MasterState:
         if entries:
             out.append(Publish(entries))
         self._dirty = {}
-        self._registry_dirty = False
         self._updates = {}
         notices, self._notices = self._notices, []
         return head + out + notices
@@ -295,12 +295,22 @@ class MasterState:
 
     # -- registry --------------------------------------------------------------------------
     def registry_document(self) -> dict[str, object]:
-        """The small persisted registry: agents (registered/unreachable/gone), frameworks,
-        role weights. Recovering agents keep the entry they had."""
-        agents: dict[str, object] = dict(self.recovering)
-        for a in self.agents.values():
-            agents[a.agent_id] = {"status": STATUS_NAMES.get(a.status, "registered"),
-                                  "hostname": a.info.hostname, "since_us": us(a.status_since)}
+        """The small persisted registry, whole: agents (registered/unreachable/gone),
+        frameworks, role weights. Recovering agents keep the entry they had. (What is
+        written is built from changes: `_registry_change`; this is the same document.)"""
+        agents = {aid: self._registry_entry(aid) for aid in [*self.recovering, *self.agents]}
+        return {"cluster_id": self.cluster_id, "agents": dict(sorted(agents.items())),
+                **self._registry_sections_doc()}
+
+    def _registry_entry(self, agent_id: str) -> dict[str, object] | None:
+        a = self.agents.get(agent_id)
+        if a is not None:
+            return {"status": STATUS_NAMES.get(a.status, "registered"),
+                    "hostname": a.info.hostname, "since_us": us(a.status_since)}
+        entry = self.recovering.get(agent_id)
+        return dict(entry) if entry is not None else None
+
+    def _registry_sections_doc(self) -> dict[str, object]:
         frameworks: dict[str, object] = {
             f.framework_id: {"name": f.info.name, "role": f.info.role,
                              "principal": f.info.principal,
@@ -308,21 +318,32 @@ class MasterState:
                              "registered_at_us": us(f.registered_at)}
             for f in self.frameworks.values()}
         roles: dict[str, object] = {r: {"weight": rec.weight} for r, rec in self.roles.items()}
-        return {"cluster_id": self.cluster_id,
-                "agents": dict(sorted(agents.items())),
-                "frameworks": dict(sorted(frameworks.items())),
+        return {"frameworks": dict(sorted(frameworks.items())),
                 "roles": dict(sorted(roles.items()))}
 
-    def _registry_changed(self) -> None:
-        self._registry_dirty = True
+    def _registry_change(self) -> dict[str, object]:
+        change: dict[str, object] = {"agents": {
+            aid: self._registry_entry(aid) for aid in sorted(self._registry_agents)}}
+        if self._registry_sections:
+            change.update(cluster_id=self.cluster_id, **self._registry_sections_doc())
+        self._registry_agents, self._registry_sections = set(), False
+        return change
+
+    def _registry_changed(self, *agent_ids: str) -> None:
+        """The registry entries of `agent_ids` changed; with none, the cluster id, the
+        frameworks or the roles did."""
+        if agent_ids:
+            self._registry_agents.update(agent_ids)
+        else:
+            self._registry_sections = True
 
     # -- ids and peers ---------------------------------------------------------------------
-    def _new_id(self, kind: str, letter: str, taken: Iterable[str]) -> str:
-        used = set(taken)
+    def _new_id(self, kind: str, letter: str, *taken: Container[str]) -> str:
+        """The next id of `kind` in none of `taken` (O(1): membership tests, no copies)."""
         while True:
             self._seq[kind] += 1
             candidate = f"{self.id_prefix}-{letter}{self._seq[kind]}"
-            if candidate not in used:
+            if not any(candidate in t for t in taken):
                 return candidate
 
     def _bind_agent(self, agent: Agent, peer: bytes) -> None:

@@ -64,8 +64,9 @@ def published(cmds: list[Command]) -> dict[str, Any]:
 
 
 def registry(cmds: list[Command]) -> dict[str, Any] | None:
+    """What the registry changes of `cmds` write (see registry.merge)."""
     docs = only(cmds, PersistRegistry)
-    return docs[-1].document if docs else None
+    return docs[-1].change if docs else None
 
 
 def rejects(cmds: list[Command]) -> list[Reject]:

@@ -58,9 +58,9 @@ def test_registration_replies_publishes_and_persists() -> None:
         "m1-S1", "m1", 7, 500)
     rec = published(cmds)["agents/m1-S1"].agent
     assert rec.status == rec.AGENT_STATUS_REGISTERED and rec.agent_info.hostname == "h1"
+    # Only what changed is in the change: a registration costs one entry, not the fleet.
     assert registry(cmds) == {"agents": {"m1-S1": {"status": "registered", "hostname": "h1",
-                                                   "since_us": int(T0 * 1e6)}},
-                              "frameworks": {}, "roles": {}, "cluster_id": ""}
+                                                   "since_us": int(T0 * 1e6)}}}
     assert isinstance(cmds[0], PersistRegistry) and isinstance(cmds[-1], Publish)
     core.validate()
 

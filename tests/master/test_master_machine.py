@@ -9,6 +9,7 @@ protobuf input never raises."""
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +21,7 @@ from schemas import agent_pb2, bus_pb2, common_pb2, internal_pb2, operator_pb2, 
 from services import tasks
 from services.master.commands import Command, PersistRegistry, Reject, ToAgent, ToFramework
 from services.master.core import MasterCore
+from services.master.registry import merge
 from services.master.state import REGISTERED
 from services.notice import Notice
 from tests.master.helpers import (
@@ -31,6 +33,7 @@ from tests.master.helpers import (
     agent_info,
     launch_msg,
     register,
+    subscribe,
     subscribed,
     task_info,
 )
@@ -70,6 +73,7 @@ class MasterMachine(RuleBasedStateMachine):
         self.now = T0
         self.epoch = 1
         self.core = self._core("m1", 1)
+        self.written: dict[str, Any] = {}  # the registry as the shell's writer keeps it
         self.machines = [Machine() for _ in range(3)]
         self.scheds = [Scheduler() for _ in range(3)]
         self.gen = 0
@@ -100,8 +104,10 @@ class MasterMachine(RuleBasedStateMachine):
             elif isinstance(c, Reject) and c.code == bus_pb2.NOT_REGISTERED:
                 event("asked to re-register")
             elif isinstance(c, PersistRegistry):
-                for entry in c.document["agents"].values():  # type: ignore[attr-defined]
-                    event(f"registry has an agent {entry['status']}")
+                merge(self.written, c.change)
+                for entry in c.change["agents"].values():  # type: ignore[attr-defined]
+                    if entry is not None:
+                        event(f"registry has an agent {entry['status']}")
             if isinstance(c, ToAgent) and c.event.WhichOneof("event") == "shutdown":
                 m = self._machine_of(c.peer)  # the answer to a refused re-registration
                 m.gone, m.tasks, m.peer, m.silent = True, {}, None, False
@@ -200,7 +206,11 @@ class MasterMachine(RuleBasedStateMachine):
         if m.agent_id and not m.gone:
             return
         m.gone, m.silent, m.tasks, m.peer = False, False, {}, self._peer("a")
-        m.agent_id = register(self.core, m.peer, self.now)
+        cmds = self.core.agent_call(m.peer, agent_pb2.AgentCall(
+            register=agent_pb2.AgentCall.Register(agent_info=agent_info("", "h"))), self.now)
+        self.run(cmds)
+        m.agent_id = next(c.event.registered.agent_id for c in cmds if isinstance(c, ToAgent)
+                          and c.event.WhichOneof("event") == "registered")
 
     @rule(i=st.integers(0, 2), bus_notices=st.booleans())
     def agent_goes_silent(self, i: int, bus_notices: bool) -> None:
@@ -248,7 +258,10 @@ class MasterMachine(RuleBasedStateMachine):
         if s.fid and s.fid in self.core.frameworks:
             return
         s.peer, s.pa = self._peer("f"), pa
-        s.fid = subscribed(self.core, s.peer, now=self.now, pa=pa, failover=failover)
+        cmds = subscribe(self.core, s.peer, now=self.now, pa=pa, failover=failover)
+        self.run(cmds)
+        s.fid = next(c.event.subscribed.framework_id for c in cmds if isinstance(c, ToFramework)
+                     and c.event.WhichOneof("event") == "subscribed")
 
     @rule(i=st.integers(0, 2))
     def scheduler_goes_silent(self, i: int) -> None:
@@ -350,6 +363,7 @@ class MasterMachine(RuleBasedStateMachine):
     @rule()
     def master_fails_over(self) -> None:
         doc = self.core.registry_document()
+        self.written = copy.deepcopy(doc)  # what the new leader's writer loads
         self.epoch += 1
         self.core = self._core(f"m{self.epoch}", self.epoch, doc)
         for s in self.scheds:
@@ -376,6 +390,11 @@ class MasterMachine(RuleBasedStateMachine):
     @invariant()
     def consistent(self) -> None:
         self.core.validate()
+        # The changes written, applied one after another, make the whole registry.
+        doc = self.core.registry_document()
+        for section in ("agents", "frameworks", "roles", "cluster_id"):
+            if section in self.written:
+                assert self.written[section] == doc[section], section
         self.now += 0.1
 
     @invariant()

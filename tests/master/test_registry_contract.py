@@ -97,8 +97,10 @@ def test_newest_document_wins_and_a_load_comes_after_the_stores_before_it(make: 
     writer.store({"agents": {}, "frameworks": {"F": {}}}, epoch=4)
     assert writer.flush(10)
     (load,) = events.of(Loaded)
-    assert load.document == {"agents": {"S19": {"status": "registered"}}, "frameworks": {}}
-    assert loaded(*make()) == {"agents": {}, "frameworks": {"F": {}}}
+    every = {f"S{i}": {"status": "registered"} for i in range(20)}  # the changes, merged
+    assert load.document == {"agents": every, "frameworks": {}}
+    # A change after the load applies to what was loaded.
+    assert loaded(*make()) == {"agents": every, "frameworks": {"F": {}}}
     assert writer.writes <= 20  # stores that waited behind a newer one were never written
 
 
@@ -170,7 +172,8 @@ def test_a_zookeeper_outage_blocks_nothing_and_the_newest_document_lands(
     server.start(timeout=30)
     reader = RegistryWriter(ZooKeeperRegistry(server.hosts), reader_events)
     try:
-        assert loaded(reader, reader_events) == {"agents": {}, "frameworks": {"F49": {}}}
+        # the agents of the first change stay; frameworks are replaced whole by the newest
+        assert loaded(reader, reader_events) == {"agents": DOC["agents"], "frameworks": {"F49": {}}}
     finally:
         reader.close()
         server.stop()
