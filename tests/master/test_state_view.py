@@ -148,9 +148,9 @@ def test_the_document_is_the_published_state_with_filters_and_etag(
     m.reactor.run(timeout=0.05)
     status, body, etag2 = fetch(url + "/state", etag)
     assert status == 200 and etag2 != etag
-    assert len(json.loads(body)["tasks"]) == TASKS + 1
-    assert json.loads(body) == {**populated.old_document(),
-                                "task_counts": {"TASK_STAGING": TASKS + 1}}
+    doc = json.loads(body)
+    assert len(doc["tasks"]) == TASKS + 1
+    assert doc == {**populated.old_document(), "task_counts": {"TASK_STAGING": TASKS + 1}}
 
     status, body, _ = fetch(url + f"/state?framework={populated.f1}")
     only = json.loads(body)
