@@ -25,8 +25,10 @@ from schemas import bus_pb2, common_pb2, state_pb2
 StateEntry = bus_pb2.StateEntry
 Query = dict[str, list[str]]
 SHOWN = ("agent", "framework", "task", "role")  # the stream's kinds /state lists
-QUERY_KEYS = ("framework", "framework_name", "tasks")
+QUERY_KEYS = ("framework", "framework_name", "tasks", "agents")
 MAX_CACHED_DOCUMENTS = 8  # documents kept for the current version (one per query)
+# A query: (framework ids, framework names, with tasks, with agents).
+_Key = tuple[tuple[str, ...], tuple[str, ...], bool, bool]
 
 
 class BadQuery(ValueError):
@@ -169,7 +171,7 @@ class StateView:
     # -- the HTTP threads' side ----------------------------------------------------------
     def document(self, query: Query) -> tuple[int, bytes, str]:
         """(HTTP status, body, ETag) of /state for `query`; BadQuery when not understood."""
-        key = _query_key(query)
+        key = _query_key(query)  # BadQuery before any work
         with self._build:
             self._sync()
             if self._shown_meta is None:
@@ -181,7 +183,7 @@ class StateView:
             if body is None:
                 if len(self._docs) >= MAX_CACHED_DOCUMENTS:
                     self._docs.clear()
-                body = self._docs[key] = self._render(*key)
+                body = self._docs[key] = self._render(key)
             return 200, body, etag
 
     def counts(self) -> tuple[dict[str, int], dict[str, int], int]:
@@ -266,10 +268,12 @@ class StateView:
                 fids = self._task_frameworks
                 del fids[bisect.bisect_left(fids, spot.framework_id)]
 
-    def _render(self, ids: tuple[str, ...], names: tuple[str, ...], with_tasks: bool) -> bytes:
+    def _render(self, key: _Key) -> bytes:
         assert self._shown_meta is not None
+        ids, names, with_tasks, with_agents = key
         parts: dict[str, Any] = dict(self._shown_meta)
-        parts["agents"] = list(self.agents.fragments())
+        if with_agents:
+            parts["agents"] = list(self.agents.fragments())
         parts["roles"] = list(self.roles.fragments())
         if not ids and not names:
             fids = self._task_frameworks
@@ -280,6 +284,7 @@ class StateView:
             chosen = {f for f in ids if f in rows}
             chosen |= {f for f, (_, name) in rows.items() if name in names}
             fids = [f for f in self._task_frameworks if f in chosen]
+            parts["filter"] = {"framework": list(ids), "framework_name": list(names)}
             parts["frameworks"] = [rows[f][0] for f in sorted(chosen)]
             counts = Counter(label for f in fids
                              for _, label in self.tasks[f].rows.values())
@@ -298,15 +303,19 @@ def _recount(counts: Counter[str], old: str | None, new: str | None) -> None:
         counts[new] += 1
 
 
-def _query_key(query: Query) -> tuple[tuple[str, ...], tuple[str, ...], bool]:
-    """(framework ids, framework names, with tasks) of a /state query."""
+def _query_key(query: Query) -> _Key:
+    """(framework ids, framework names, with tasks, with agents) of a /state query."""
     unknown = sorted(set(query) - set(QUERY_KEYS))
     if unknown:
         raise BadQuery(f"unknown /state parameter(s) {', '.join(unknown)}; known: "
                        f"{', '.join(QUERY_KEYS)} (framework=ID and framework_name=NAME "
-                       f"repeatable, tasks=0 leaves the task list out)")
-    tasks = query.get("tasks", ["1"])[-1]
-    if tasks not in ("0", "1"):
-        raise BadQuery(f"tasks={tasks!r}: use tasks=0 (no task list) or tasks=1")
+                       f"repeatable; tasks=0 and agents=0 leave those lists out)")
+    lists = {}
+    for name in ("tasks", "agents"):
+        value = query.get(name, ["1"])[-1]
+        if value not in ("0", "1"):
+            raise BadQuery(f"{name}={value!r}: use {name}=0 (no {name} list) or {name}=1")
+        lists[name] = value == "1"
     return (tuple(sorted(set(query.get("framework", [])))),
-            tuple(sorted(set(query.get("framework_name", [])))), tasks == "1")
+            tuple(sorted(set(query.get("framework_name", [])))), lists["tasks"],
+            lists["agents"])

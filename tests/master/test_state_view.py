@@ -5,6 +5,7 @@ publishes, with its filters (`framework`, `framework_name`, `tasks=0`) and ETag.
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
@@ -124,7 +125,7 @@ def test_scraping_state_and_metrics_never_holds_the_reactor(populated: Populated
             m.reactor.run(timeout=0.05)  # a request in flight may still need the reactor
             thread.join(0.01)
     assert not failures, failures
-    gaps = [b - a for a, b in zip(ticks, ticks[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(ticks)]
     stall = max(gaps) - TICK_S
     assert stall < MAX_STALL_S, (
         f"a scrape held the reactor {stall * 1000:.0f} ms (scrapes took "
@@ -162,6 +163,7 @@ def test_the_document_is_the_published_state_with_filters_and_etag(
     named = json.loads(body)
     assert [f["framework_info"]["name"] for f in named["frameworks"]] == ["f2"]
     assert "tasks" not in named and named["task_counts"] == {"TASK_STAGING": 2501}
+    assert "agents" in named and "agents" not in json.loads(fetch(url + "/state?agents=0")[1])
     status, body, _ = fetch(url + "/state?tasks=maybe")
     assert status == 400 and b"tasks" in body
     status, body, _ = fetch(url + "/state?nonsense=1")
@@ -180,3 +182,28 @@ def test_a_master_that_steps_down_serves_not_leading(populated: Populated) -> No
     m._step_down("test")
     status, body, _ = fetch(m.http.url + "/state")
     assert status == 503 and json.loads(body) == {"leading": False, "id": "m1"}
+
+
+def test_the_run_poll_gets_counts_only_and_nothing_again_while_nothing_changes(
+    populated: Populated,
+) -> None:
+    from collections import Counter
+
+    from services.bus.election import LeaderInfo
+    from services.cli import lifecycle
+
+    m = populated.master
+    assert m.http is not None
+    poll = lifecycle.StatePoller("file:///unused", 5.0, lifecycle.service_query("f1"))
+    poll.leader = LeaderInfo("master", "m1", 1, {"http": m.http.url})
+    first = poll()
+    assert "tasks" not in first and "agents" not in first
+    full = json.loads(fetch(m.http.url + "/state")[1])
+    assert lifecycle.service_counts(first, "f1", 3000) == lifecycle.service_counts(
+        full, "f1", 3000) == Counter(STAGING=2500, pending=500)
+    assert poll() is first  # 304: the document it has
+    populated.launch(populated.f1, 1)
+    m.reactor.run(timeout=0.05)
+    again = poll()
+    assert again is not first
+    assert lifecycle.service_counts(again, "f1", 3000) == Counter(STAGING=2501, pending=499)
