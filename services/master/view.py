@@ -10,8 +10,10 @@ bytes, and the same ETag."""
 from __future__ import annotations
 
 import bisect
+import itertools
 import json
 import threading
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -26,6 +28,7 @@ StateEntry = bus_pb2.StateEntry
 Query = dict[str, list[str]]
 SHOWN = ("agent", "framework", "task", "role")  # the stream's kinds /state lists
 QUERY_KEYS = ("framework", "framework_name", "tasks", "agents")
+YIELD_EVERY = 100  # entries applied between two offers of the GIL to the reactor
 MAX_CACHED_DOCUMENTS = 8  # documents kept for the current version (one per query)
 # A query: (framework ids, framework names, with tasks, with agents).
 _Key = tuple[tuple[str, ...], tuple[str, ...], bool, bool]
@@ -205,10 +208,10 @@ class StateView:
         if base is not None:
             self._clear()
             changed = True
-            for entry in base:
-                self._apply(entry)
-        for entry in pending.values():
+        for i, entry in enumerate(itertools.chain(base or (), pending.values()), 1):
             changed = self._apply(entry) or changed
+            if i % YIELD_EVERY == 0:
+                time.sleep(0)  # let the reactor have the GIL now, not at the next switch
         if changed:
             self._version += 1
 
