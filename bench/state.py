@@ -47,7 +47,9 @@ class Master:
     """A leading master with one agent and one framework holding `tasks` tasks."""
 
     def __init__(self, run_dir: Path, tasks: int) -> None:
-        self.m = MasterShell(MasterConfig("bench", f"file://{run_dir}", f"file://{run_dir}"))
+        # The agent is a name only (no connection): never declared unreachable meanwhile.
+        self.m = MasterShell(MasterConfig("bench", f"file://{run_dir}", f"file://{run_dir}",
+                                          agent_timeout_s=3600))
         m = self.m
         if not m.reactor.run(until=lambda: m.core is not None, timeout=10):
             raise RuntimeError("the master never led")

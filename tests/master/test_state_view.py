@@ -46,8 +46,10 @@ class Populated:
     agent, frameworks `f1` and `f2` and `tasks` tasks launched on the agent."""
 
     def __init__(self, tmp_path: Path, tasks: int) -> None:
+        # The agent is a name only (no connection, no heartbeats): it must not be declared
+        # unreachable mid-test (its thousands of tasks with it, a long step of its own).
         self.master = MasterShell(MasterConfig("m1", f"file://{tmp_path}",
-                                               f"file://{tmp_path}"))
+                                               f"file://{tmp_path}", agent_timeout_s=3600))
         m = self.master
         assert m.reactor.run(until=lambda: m.core is not None, timeout=10)
         core = m.core
