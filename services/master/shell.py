@@ -109,7 +109,7 @@ class MasterShell(ServiceKit):
             "front": self.front.endpoint, "internal": self.internal.endpoint,
             "pub": self.publisher.pub_endpoint, "snapshot": self.publisher.snapshot_endpoint})
         # /state and /metrics run on the HTTP threads, from a view the reactor only feeds.
-        self.view = StateView(config.master_id)
+        self.view = StateView(config.master_id, lambda: self.publisher.store.values())
         self.start_http({"/state": Direct(self._http_state),
                          "/metrics": Direct(self._http_metrics)})
         # Registry I/O runs on the writer's thread; its results come back through a mailbox.

@@ -16,7 +16,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +29,7 @@ Query = dict[str, list[str]]
 SHOWN = ("agent", "framework", "task", "role")  # the stream's kinds /state lists
 QUERY_KEYS = ("framework", "framework_name", "tasks", "agents")
 YIELD_EVERY = 100  # entries applied between two offers of the GIL to the reactor
+PENDING_SLACK = 10_000  # entries waiting beyond the state's size before it is taken whole
 MAX_CACHED_DOCUMENTS = 8  # documents kept for the current version (one per query)
 # A query: (framework ids, framework names, with tasks, with agents).
 _Key = tuple[tuple[str, ...], tuple[str, ...], bool, bool]
@@ -117,8 +118,12 @@ class StateView:
     """Fed by the reactor (`lead`, `publish`, `set_meta`, `step_down`: cheap, and nothing per
     scrape), read by the HTTP threads (`document`, `counts`)."""
 
-    def __init__(self, master_id: str) -> None:
+    def __init__(self, master_id: str,
+                 current: Callable[[], Collection[StateEntry]] = tuple) -> None:
+        """`current`: the whole published state (read on the reactor), taken instead of the
+        entries waiting when those outnumber it (deletions of keys long gone, unscraped)."""
         self.master_id = master_id
+        self._current = current
         # -- the handover (reactor -> HTTP threads), under _handover
         self._handover = threading.Lock()
         self._pending: dict[str, StateEntry] = {}  # coalesced by key
@@ -155,6 +160,10 @@ class StateView:
             for entry in entries:
                 pending[entry.key] = entry
             self._handed += 1
+            if len(pending) > PENDING_SLACK:
+                whole = self._current()
+                if len(pending) > len(whole) + PENDING_SLACK:
+                    self._base, self._pending = list(whole), {}
 
     def set_meta(self, **changes: Any) -> None:
         with self._handover:
@@ -208,6 +217,7 @@ class StateView:
         if base is not None:
             self._clear()
             changed = True
+            base = sorted(base, key=_by_key)  # ids in order: each row is appended
         for i, entry in enumerate(itertools.chain(base or (), pending.values()), 1):
             changed = self._apply(entry) or changed
             if i % YIELD_EVERY == 0:
@@ -295,6 +305,10 @@ class StateView:
         if with_tasks:
             parts["tasks"] = [frag for f in fids for frag in self.tasks[f].fragments()]
         return _assemble(parts)
+
+
+def _by_key(entry: StateEntry) -> str:
+    return entry.key
 
 
 def _recount(counts: Counter[str], old: str | None, new: str | None) -> None:

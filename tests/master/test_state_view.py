@@ -230,3 +230,31 @@ def test_the_run_poll_gets_counts_only_and_nothing_again_while_nothing_changes(
     assert again is not first
     assert lifecycle.service_counts(again, "f1", want) == Counter(STAGING=TASKS // 2 + 1,
                                                                   pending=TASKS // 2 - 1)
+
+
+def test_unscraped_changes_wait_at_most_the_state_and_a_slack() -> None:
+    """Nobody scrapes while tasks come and go for long: what waits for the HTTP side stays
+    bounded (by the state's size and a slack), and the document is then still exact."""
+    from schemas import bus_pb2, common_pb2, state_pb2
+    from services.master import view as view_module
+
+    store: dict[str, bus_pb2.StateEntry] = {}
+
+    def task(i: int) -> bus_pb2.StateEntry:
+        value = state_pb2.StateValue(task=state_pb2.TaskRecord(
+            framework_id="f", task_info=common_pb2.TaskInfo(task_id=f"t{i}"),
+            status=common_pb2.TaskStatus(state=common_pb2.TASK_RUNNING)))
+        return bus_pb2.StateEntry(key=f"tasks/f/t{i}", value=value)
+
+    view = view_module.StateView("m1", lambda: store.values())
+    view.lead([], epoch=1, paused=False, cluster_id="c")
+    for i in range(3 * view_module.PENDING_SLACK):  # each task launched, then gone
+        entries = [task(i), bus_pb2.StateEntry(key=f"tasks/f/t{i - 1}", deleted=True)]
+        store[entries[0].key] = entries[0]
+        store.pop(entries[1].key, None)
+        view.publish(entries)
+        assert len(view._pending) <= len(store) + view_module.PENDING_SLACK + 2
+    status, body, _ = view.document({})
+    last = 3 * view_module.PENDING_SLACK - 1
+    assert status == 200 and [t["task_info"]["task_id"] for t in json.loads(body)["tasks"]] \
+        == [f"t{last}"]
