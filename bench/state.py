@@ -22,6 +22,7 @@ import shutil
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -105,12 +106,19 @@ def window(master: Master, way: str) -> dict[str, Any]:
     stop = threading.Event()
     scrapes: list[float] = []
     sizes: list[int] = []
+    busy: list[float] = []  # 503: the reactor did not take the request within 5 s
 
     def scraper() -> None:
         while not stop.is_set():
             started = time.perf_counter()
-            with urllib.request.urlopen(master.url + path, timeout=60) as resp:
-                sizes.append(len(resp.read()))
+            try:
+                with urllib.request.urlopen(master.url + path, timeout=60) as resp:
+                    sizes.append(len(resp.read()))
+            except urllib.error.HTTPError as exc:
+                if exc.code != 503:
+                    raise
+                busy.append(time.perf_counter() - started)
+                continue
             scrapes.append(time.perf_counter() - started)
 
     ticks: list[float] = []
@@ -126,7 +134,7 @@ def window(master: Master, way: str) -> dict[str, Any]:
     thread = threading.Thread(target=scraper, daemon=True)
     started = time.perf_counter()
     thread.start()
-    reactor.run(until=lambda: len(scrapes) >= MIN_SCRAPES
+    reactor.run(until=lambda: len(scrapes) + len(busy) >= MIN_SCRAPES
                 and time.perf_counter() - started >= WINDOW_S, timeout=120)
     stop.set()
     timer.cancel()
@@ -134,7 +142,8 @@ def window(master: Master, way: str) -> dict[str, Any]:
         reactor.run(timeout=0.05)
         thread.join(0.01)
     late = [max(0.0, b - a - TICK_S) for a, b in itertools.pairwise(ticks)]
-    return {"scrape_s": scrapes, "lateness_s": late, "bytes": max(sizes)}
+    return {"scrape_s": scrapes, "lateness_s": late, "bytes": max(sizes, default=0),
+            "busy": len(busy)}
 
 
 def main() -> None:
@@ -150,6 +159,7 @@ def main() -> None:
         gc.freeze()
         samples: dict[str, dict[str, list[float]]] = {
             w: {"scrape_s": [], "lateness_s": []} for w in WAYS}
+        busy = dict.fromkeys(WAYS, 0)
         nbytes = 0
         try:
             for r in range(ROUNDS):
@@ -158,33 +168,37 @@ def main() -> None:
                     samples[way]["scrape_s"] += got["scrape_s"]
                     samples[way]["lateness_s"] += got["lateness_s"]
                     nbytes = max(nbytes, got["bytes"])
+                    busy[way] += got["busy"]
                     progress(f"{size} tasks, round {r + 1}, {way}: {len(got['scrape_s'])} "
-                             f"scrapes, reactor late {max(got['lateness_s']) * 1000:.0f} ms "
-                             f"at most")
+                             f"scrapes ({got['busy']} answered 503), reactor late "
+                             f"{max(got['lateness_s']) * 1000:.0f} ms at most")
         finally:
             gc.unfreeze()
             master.close()
             shutil.rmtree(run_dir, ignore_errors=True)
         entry: dict[str, Any] = {"bytes": nbytes}
         for way in WAYS:
-            entry[way] = {k: summary(v) for k, v in samples[way].items()}
+            entry[way] = {k: summary(v) for k, v in samples[way].items() if v}
+            entry[way]["busy_503"] = busy[way]
         results[str(size)] = entry
         rows.append((size, entry))
     report(results, rows)
 
 
 def report(results: dict[str, Any], rows: list[tuple[int, dict[str, Any]]]) -> None:
-    print(f"\n{'tasks':>6} {'way':<4} {'scrapes':>7} {'scrape p50':>10} {'scrape max':>10} "
-          f"{'late p99':>9} {'late max':>9} {'old/new late max':>16}")
+    print(f"\n{'tasks':>6} {'way':<4} {'scrapes':>7} {'503':>4} {'scrape p50':>10} "
+          f"{'scrape max':>10} {'late p99':>9} {'late max':>9} {'old/new late max':>16}")
+    none = {"n": 0, "p50": float("nan"), "max": float("nan")}
     for size, entry in rows:
         for way in WAYS:
-            s, late = entry[way]["scrape_s"], entry[way]["lateness_s"]
+            s, late = entry[way].get("scrape_s", none), entry[way]["lateness_s"]
             ratio = ""
             if way == "new":
                 new_max = late["max"] or 1e-6
                 ratio = f"{entry['old']['lateness_s']['max'] / new_max:.0f}x"
                 entry["old_over_new_lateness_max"] = entry["old"]["lateness_s"]["max"] / new_max
-            print(f"{size:>6} {way:<4} {s['n']:>7} {s['p50'] * 1000:>8.1f}ms "
+            print(f"{size:>6} {way:<4} {s['n']:>7} {entry[way]['busy_503']:>4} "
+                  f"{s['p50'] * 1000:>8.1f}ms "
                   f"{s['max'] * 1000:>8.1f}ms {late['p99'] * 1000:>7.1f}ms "
                   f"{late['max'] * 1000:>7.1f}ms {ratio:>16}")
     print(f"(document {rows[-1][1]['bytes'] / 1e6:.1f} MB at {rows[-1][0]} tasks; the reactor "
