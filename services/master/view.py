@@ -116,7 +116,9 @@ class _Spot:
 
 class StateView:
     """Fed by the reactor (`lead`, `publish`, `set_meta`, `step_down`: cheap, and nothing per
-    scrape), read by the HTTP threads (`document`, `counts`)."""
+    scrape), read by the HTTP threads (`document`, `counts`). It shows what was published:
+    an agent's last_seen_us as of its last change on the stream (liveness reports refresh
+    the core's copy without publishing), as every subscriber of the stream sees it."""
 
     def __init__(self, master_id: str,
                  current: Callable[[], Collection[StateEntry]] = tuple) -> None:

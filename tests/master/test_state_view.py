@@ -75,13 +75,24 @@ class Populated:
         self.master.driver.step(lambda now: h.launch(core, fid, self.aid, *tids, now=now,
                                                      rid=f"r{self.launched}"))
 
-    def old_document(self) -> dict[str, Any]:
-        """/state as the master built it before issue 8 (on the reactor, from its core)."""
+    def old_document(self, published: bool = True) -> dict[str, Any]:
+        """/state as the master built it before issue 8 (on the reactor, from its core), of
+        the state it published (`published`), or of its core's own records: the two differ
+        only in the agents' last_seen_us, refreshed by liveness reports and published with
+        the agent's next change (as the state stream's subscribers have always seen it)."""
         core = self.master.core
         assert core is not None
         from services.master.view import reference_document
-        return json.loads(reference_document(self.master.view.meta(),
-                                             core.snapshot_entries()))
+        entries = core.snapshot_entries()
+        if published:
+            store = self.master.publisher.store
+            entries = [store[e.key] for e in entries if e.key in store]
+        return json.loads(reference_document(self.master.view.meta(), entries))
+
+
+def without_last_seen(doc: dict[str, Any]) -> dict[str, Any]:
+    return {**doc, "agents": [{k: v for k, v in a.items() if k != "last_seen_us"}
+                              for a in doc["agents"]]}
 
 
 def populated_master(tmp_path: Path, tasks: int) -> Iterator[Populated]:
@@ -164,6 +175,8 @@ def test_the_document_is_the_published_state_with_filters_and_etag(
     doc = json.loads(body)
     old = populated.old_document()
     assert {k: doc[k] for k in old} == old  # every key of before, the same values
+    assert without_last_seen({k: doc[k] for k in old}) == without_last_seen(
+        populated.old_document(published=False))
     assert doc["task_counts"] == {"TASK_STAGING": TASKS}
     assert fetch(url + "/state", etag)[0] == 304  # unchanged: nothing sent
     populated.launch(populated.f2, 1)
