@@ -50,7 +50,7 @@ from services.bus.reactor import Reactor
 from services.executor.runtime import LABEL_EXECUTOR, Logs, Stream, make_runtime, tail_file
 from services.procs import pid_alive
 from services.resources import Resources
-from services.shell.http import Response, json_response
+from services.shell.http import Deferred, Response, json_response
 from services.shell.service import ServiceConfig, ServiceKit
 from services.telemetry import extract, span_traceparent
 from services.telemetry import spans as sp
@@ -410,10 +410,17 @@ class AgentShell(ServiceKit):
                 "registration": self.core.registration.value,
                 "master_connected": self.master.connected}
 
-    def _http_state(self, query: dict[str, list[str]]) -> Response:
-        state: dict[str, Any] = MessageToDict(self.core.state(), preserving_proto_field_name=True)
-        state["registration"] = self.core.registration.value
-        return json_response(json.dumps(state, sort_keys=True).encode())
+    def _http_state(self, query: dict[str, list[str]]) -> Deferred:
+        """On the reactor only a copy of the state (a fresh message, C-speed copies); its JSON
+        is made on the request's thread (issue 8: a scrape never delays heartbeats)."""
+        snapshot, registration = self.core.state(), self.core.registration.value
+
+        def render() -> Response:
+            state: dict[str, Any] = MessageToDict(snapshot, preserving_proto_field_name=True)
+            state["registration"] = registration
+            return json_response(json.dumps(state, sort_keys=True).encode())
+
+        return render
 
     def _register_metrics(self) -> None:
         m = self.metrics

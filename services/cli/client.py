@@ -124,9 +124,36 @@ def http_get(url: str, timeout: float = 5.0) -> Any:
         raise CliError(f"{url}: {exc}") from exc
 
 
-def master_state(url: str, timeout: float = 5.0) -> tuple[LeaderInfo, dict[str, Any]]:
+def http_get_if_changed(url: str, timeout: float = 5.0,
+                        etag: str = "") -> tuple[Any, str] | None:
+    """(the JSON document at `url`, its ETag), or None when it still has the ETag `etag`
+    (the server answered 304 Not Modified: nothing was built or sent)."""
+    req = urllib.request.Request(url, headers={"If-None-Match": etag} if etag else {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return json.loads(resp.read()), resp.headers.get("ETag", "")
+    except urllib.error.HTTPError as exc:
+        if exc.code == 304 and etag:
+            return None
+        body = exc.read()
+        try:
+            return json.loads(body), ""
+        except ValueError:
+            raise CliError(f"{url}: HTTP {exc.code}: {body[:200]!r}") from exc
+    except (urllib.error.URLError, OSError) as exc:
+        raise CliError(f"{url}: {exc}") from exc
+
+
+def state_path(query: str = "") -> str:
+    """The master's /state, filtered by `query` (framework=ID, framework_name=NAME,
+    tasks=0, agents=0: see services/master/view.py)."""
+    return "/state" + (f"?{query}" if query else "")
+
+
+def master_state(url: str, timeout: float = 5.0,
+                 query: str = "") -> tuple[LeaderInfo, dict[str, Any]]:
     leader = find_leader(url, timeout)
-    return leader, http_get(leader.endpoints["http"] + "/state", timeout)
+    return leader, http_get(leader.endpoints["http"] + state_path(query), timeout)
 
 
 def operator_call(leader: LeaderInfo, call: operator_pb2.OperatorCall,

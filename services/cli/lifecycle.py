@@ -15,18 +15,27 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlencode
 
 from rich.console import Console
 
 from schemas import operator_pb2
 from services import tasks as task_states
 from services.cli import cluster, why
-from services.cli.client import CliError, cluster_url, http_get, master_state, operator_call
+from services.cli.client import (
+    CliError,
+    cluster_url,
+    http_get_if_changed,
+    master_state,
+    operator_call,
+    state_path,
+)
 
 Doc = dict[str, Any]
 EXIT_NAME_IN_USE = 2  # a usage error, as argparse's
 DEFAULT_STALL_S = 60.0
-POLL_S = 0.5
+POLL_S = 0.5  # the longest wait between two polls of the master's /state
+POLL_MIN_S = 0.1  # ... and the shortest, right after something changed
 SHOWN_STATES = ("RUNNING", "STARTING", "STAGING", "KILLING", "UNREACHABLE")
 
 
@@ -48,19 +57,31 @@ def name_in_use(name: str, state: Doc, spec_exists: bool) -> str | None:
     return None
 
 
+def service_query(name: str) -> str:
+    """The /state a run or stop polls: the frameworks of this name and the counts of their
+    tasks by state, no task or agent list (see services/master/view.py)."""
+    return urlencode({"framework_name": name, "tasks": 0, "agents": 0})
+
+
+def _task_states(state: Doc, name: str) -> Counter[str]:
+    """The states of the tasks of the frameworks named `name`: from the task list, or from
+    `task_counts` when the master filtered the document to that name (service_query)."""
+    if "tasks" not in state and state.get("filter", {}).get("framework_name") == [name]:
+        return Counter({str(k): int(v) for k, v in state.get("task_counts", {}).items()})
+    fids = set(frameworks_named(state, name))
+    return Counter(t.get("status", {}).get("state", "") for t in state.get("tasks", [])
+                   if t.get("framework_id") in fids)
+
+
 def service_counts(state: Doc, name: str, want: int) -> Counter[str]:
     """The service's instances by state: live tasks by their state, `pending` for instances
     not launched yet, `ended` for attempts that ended (restarts, failures)."""
-    fids = set(frameworks_named(state, name))
     counts: Counter[str] = Counter()
-    for t in state.get("tasks", []):
-        if t.get("framework_id") not in fids:
-            continue
-        text = t.get("status", {}).get("state", "")
+    for text, n in _task_states(state, name).items():
         if task_states.is_active_name(text):
-            counts[text.removeprefix("TASK_")] += 1
+            counts[text.removeprefix("TASK_")] += n
         elif task_states.is_terminal_name(text):
-            counts["ended"] += 1
+            counts["ended"] += n
     live = sum(counts[s] for s in SHOWN_STATES)
     if want > live:
         counts["pending"] = want - live
@@ -118,23 +139,47 @@ def parse_env(items: list[str]) -> dict[str, str]:
 
 # -- the thin layer -----------------------------------------------------------------------
 class StatePoller:
-    """The master's /state, polled: the leader is looked up once (a ZooKeeper session each
-    time would be costly) and again only when its address stops answering."""
+    """The master's /state (filtered by `query`), polled: the leader is looked up once (a
+    ZooKeeper session each time would be costly) and again only when its address stops
+    answering; a document unchanged since the last poll is not sent again (ETag)."""
 
-    def __init__(self, url: str, timeout: float) -> None:
-        self.url, self.timeout = url, timeout
+    def __init__(self, url: str, timeout: float, query: str = "") -> None:
+        self.url, self.timeout, self.query = url, timeout, query
         self.leader: Any = None
+        self.doc: Doc | None = None
+        self.etag = ""
 
     def __call__(self) -> Doc:
         if self.leader is not None:
             try:
-                doc = http_get(self.leader.endpoints["http"] + "/state", self.timeout)
-                if isinstance(doc, dict) and doc.get("leading", True) is not False:
-                    return doc
+                got = http_get_if_changed(self.leader.endpoints["http"] + state_path(
+                    self.query), self.timeout, self.etag if self.doc is not None else "")
+                if got is None and self.doc is not None:
+                    return self.doc
+                if got is not None and isinstance(got[0], dict) and got[0].get(
+                        "leading", True) is not False:
+                    self.doc, self.etag = got
+                    return got[0]
             except CliError:
                 pass
-        self.leader, doc = master_state(self.url, self.timeout)
+        self.leader, doc = master_state(self.url, self.timeout, self.query)
+        self.doc, self.etag = doc, ""
         return doc
+
+
+@dataclass
+class Backoff:
+    """How long to wait before the next poll: `low` right after a change, doubling while
+    nothing changes, up to `high`."""
+
+    low: float = POLL_MIN_S
+    high: float = POLL_S
+    delay: float = 0.0
+
+    def next(self, changed: bool) -> float:
+        self.delay = self.low if changed or not self.delay else min(2 * self.delay,
+                                                                     self.high)
+        return self.delay
 
 
 class Reporter:
@@ -164,9 +209,10 @@ class Reporter:
             self.console.print(text, highlight=False)
 
 
-def _stuck(args: argparse.Namespace, url: str, state: Doc, name: str) -> str:
-    """What `why` says about the service (best effort)."""
+def _stuck(args: argparse.Namespace, url: str, name: str) -> str:
+    """What `why` says about the service (best effort), from the master's whole /state."""
     try:
+        _, state = master_state(url, args.timeout)
         fid = why.resolve_framework(name, state)
         decisions = why.fetch_decisions(url, fid, args.timeout) if fid else []
         spans = why.load_spans(args.run_dir / "traces")
@@ -214,13 +260,14 @@ def wait_running(args: argparse.Namespace, console: Console, url: str, want: int
     log = args.run_dir / "logs" / f"framework-{name}.log"
     now = time.monotonic()
     progress = Progress(want, now, stall_s=args.stall, timeout_s=args.wait_timeout)
-    poll = StatePoller(url, args.timeout)
+    poll = StatePoller(url, args.timeout, service_query(name))
+    backoff = Backoff()
+    counts: Counter[str] | None = None
     with Reporter(console, f"waiting for {want} instances of {name}") as shown:
         while True:
             if not cluster.alive(pid):
                 raise CliError(f"the {name} framework exited; see {log}")
-            state = poll()
-            counts = service_counts(state, name, want)
+            before, counts = counts, service_counts(poll(), name, want)
             shown.show(f"{name}: {summary(counts)}")
             verdict = progress.observe(counts, time.monotonic())
             if verdict == "done":
@@ -229,10 +276,11 @@ def wait_running(args: argparse.Namespace, console: Console, url: str, want: int
             if verdict in ("stalled", "timeout"):
                 when = (f"no progress for {args.stall:g}s" if verdict == "stalled" else
                         f"not done within --timeout {args.wait_timeout:g}s")
-                stuck = _stuck(args, url, state, name)
+                stuck = _stuck(args, url, name)
                 raise CliError(f"{name}: {when} ({summary(counts)}). {stuck} See `offerbus "
                                f"why {name}`, `offerbus tasks --all` and {log}")
-            time.sleep(POLL_S)  # polling the master's state; decisions above have deadlines
+            # Polling the master's state, as often as it changes; decisions have deadlines.
+            time.sleep(backoff.next(counts != before))
 
 
 def cmd_scale(args: argparse.Namespace, console: Console) -> int:
@@ -326,7 +374,7 @@ def cmd_stop(args: argparse.Namespace, console: Console) -> int:
         for fid in sorted(fids):
             shown.show(teardown(url, args, fid, pid, console))
 
-        poll = StatePoller(url, args.timeout)
+        poll = StatePoller(url, args.timeout, service_query(name))
         unchecked: list[bool] = []
 
         def left() -> str | None:

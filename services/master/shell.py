@@ -4,19 +4,16 @@
 
 from __future__ import annotations
 
-import json
 import uuid
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from google.protobuf.json_format import MessageToDict
 from opentelemetry import trace
 from opentelemetry.trace import Link, Span, Status, StatusCode
 
-from schemas import bus_pb2, common_pb2, internal_pb2, scheduler_pb2, state_pb2
+from schemas import bus_pb2, common_pb2, internal_pb2, scheduler_pb2
 from services import tasks
 from services.bus import codec
 from services.bus.election import detector_from_url
@@ -46,7 +43,9 @@ from services.master.registry import (
     StaleEpoch,
     registry_from_url,
 )
-from services.shell.http import Response, json_response
+from services.master.view import BadQuery, StateView
+from services.shell.http import Direct, Response
+from services.shell.metrics import CONTENT_TYPE
 from services.shell.service import ServiceConfig, ServiceKit
 from services.telemetry import extract, span_traceparent, spans
 
@@ -109,7 +108,10 @@ class MasterShell(ServiceKit):
         self.endpoints.update({
             "front": self.front.endpoint, "internal": self.internal.endpoint,
             "pub": self.publisher.pub_endpoint, "snapshot": self.publisher.snapshot_endpoint})
-        self.start_http({"/state": self._http_state})
+        # /state and /metrics run on the HTTP threads, from a view the reactor only feeds.
+        self.view = StateView(config.master_id, lambda: self.publisher.store.values())
+        self.start_http({"/state": Direct(self._http_state),
+                         "/metrics": Direct(self._http_metrics)})
         # Registry I/O runs on the writer's thread; its results come back through a mailbox.
         self._registry_events: Mailbox[RegistryEvent] = Mailbox()
         self.reactor.add_reader(self._registry_events, self._on_registry_events)
@@ -157,7 +159,9 @@ class MasterShell(ServiceKit):
             agent_timeout_s=self.config.agent_timeout_s,
             agent_gone_timeout_s=self.config.agent_gone_timeout_s,
             max_gone_agents=self.config.max_gone_agents, now=self.driver.now())
-        self.publisher.restart(epoch, self.core.snapshot_entries())
+        entries = self.core.snapshot_entries()
+        self.publisher.restart(epoch, entries)
+        self.view.lead(entries, epoch=epoch, paused=False, cluster_id=self.core.cluster_id)
         self.driver.attach(self.core)
         log.info("leading", epoch=epoch, cluster_id=self.core.cluster_id,
                  recovered_agents=len((recovered or {}).get("agents", {})),
@@ -168,6 +172,7 @@ class MasterShell(ServiceKit):
         serves snapshots) and keep everything: the same reign may resume."""
         self.driver.detach()
         self.publisher.pause()
+        self.view.set_meta(paused=True)
 
     def _resume(self, epoch: int) -> None:
         """The same reign goes on: the same core, the stream from its sequence number; the
@@ -176,6 +181,7 @@ class MasterShell(ServiceKit):
             return
         self.driver.attach(self.core)
         self.publisher.resume()
+        self.view.set_meta(paused=False)
         log.info("resumed", epoch=epoch, held_publish=len(self._pending_publish))
 
     def _step_down(self, reason: str) -> None:
@@ -184,6 +190,7 @@ class MasterShell(ServiceKit):
         self._pending_publish.clear()
         self._staged.clear()
         self.publisher.deactivate()
+        self.view.step_down()
 
     def _on_detector(self, role: int) -> None:
         """Who leads the broker's or the allocator's role: the one the internal port admits."""
@@ -421,38 +428,37 @@ class MasterShell(ServiceKit):
         if self._pending_publish and self.core is not None and not self.paused:
             entries, self._pending_publish = self._pending_publish, []
             self.publisher.publish(entries)
+            self.view.publish(entries)
 
     # -- HTTP and metrics ----------------------------------------------------------------
     def health(self) -> dict[str, Any]:
         return {"cluster_id": self.core.cluster_id if self.core is not None else None}
 
     def _http_state(self, query: dict[str, list[str]]) -> Response:
-        if self.core is None:
-            return Response(503, "application/json",
-                            json.dumps({"leading": False, "id": self.config.master_id}).encode())
-        state: dict[str, Any] = {"master_id": self.config.master_id,
-                                 "epoch": self.leader.epoch if self.leader else None,
-                                 "paused": self.paused,
-                                 "cluster_id": self.core.cluster_id,
-                                 "agents": [], "frameworks": [], "tasks": [], "roles": []}
-        for entry in self.core.snapshot_entries():
-            kind = entry.value.WhichOneof("kind")
-            if kind in ("agent", "framework", "task", "role"):
-                record = getattr(entry.value, kind)
-                state[f"{kind}s"].append(MessageToDict(record, preserving_proto_field_name=True))
-        return json_response(json.dumps(state, sort_keys=True).encode())
+        """On an HTTP thread (Direct): the view's document, never the core's."""
+        try:
+            status, body, etag = self.view.document(query)
+        except BadQuery as exc:
+            return Response(400, "text/plain", f"{exc}\n".encode())
+        return Response(status, "application/json", body, etag)
+
+    def _http_metrics(self, query: dict[str, list[str]]) -> Response:
+        """On an HTTP thread (Direct): the core-derived values come from the view; every
+        other collector reads counters (prometheus_client's are thread-safe) or ints."""
+        return Response(200, CONTENT_TYPE, self.metrics.exposition())
 
     def _register_metrics(self) -> None:
         m = self.metrics
         self._launch_seconds = m.histogram(
             "launch_seconds", "Launch latency: tasks sent to their agent until RUNNING (or "
             "their end, when they never ran).", ("outcome",))
+        view = self.view
         m.labelled_gauge("agents", "Agents known to the leading master, by status.", "status",
-                         lambda: self._count("agent"))
+                         lambda: {k: float(v) for k, v in view.counts()[1].items()})
         m.labelled_gauge("tasks", "Tasks known to the leading master, by state.", "state",
-                         lambda: self._count("task"))
+                         lambda: {k: float(v) for k, v in view.counts()[0].items()})
         m.gauge("frameworks", "Frameworks known to the leading master.",
-                value=lambda: float(len(self.core.frameworks)) if self.core else 0.0)
+                value=lambda: float(view.counts()[2]))
         reg = self.registry
         m.counter_function("registry_writes", "Registry documents written.",
                            lambda: float(reg.writes))
@@ -462,18 +468,6 @@ class MasterShell(ServiceKit):
                            "znode limit.", lambda: float(reg.refused))
         m.gauge("registry_pending", "Registry operations waiting or in flight.",
                 value=lambda: float(reg.pending))
-
-    def _count(self, kind: str) -> dict[str, float]:
-        counts: Counter[str] = Counter()
-        if self.core is None:
-            return {}
-        if kind == "agent":
-            for a in self.core.agents.values():
-                counts[state_pb2.AgentRecord.Status.Name(a.status)] += 1
-        else:
-            for t in self.core.tasks.values():
-                counts[common_pb2.TaskState.Name(t.state)] += 1
-        return {k: float(v) for k, v in counts.items()}
 
     # -- lifecycle -----------------------------------------------------------------------
     def close(self, linger_ms: int = 0) -> None:

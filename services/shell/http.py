@@ -1,13 +1,19 @@
 """A small HTTP endpoint (/state, /metrics, /health, ...) for a service. Requests are served
-on a thread, but every handler runs on the service's reactor thread (through a Mailbox), so
-handlers read the core's state without locks and see it fresh."""
+on a thread each. A route runs on the service's reactor thread (through a Mailbox), so it
+reads the core's state without locks and sees it fresh; it may return a `Deferred` to finish
+the work (say, the JSON encoding) back on the request's thread. A `Direct` route runs on the
+request's thread only and never waits for the reactor: for views kept off the reactor
+(issue 8: a scrape never delays heartbeats). A response with an ETag answers 304 to a
+request whose If-None-Match names it."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 from services.bus.log import get_logger
@@ -19,22 +25,38 @@ log = get_logger("shell.http")
 HANDLER_TIMEOUT = 5.0
 
 
+Query = dict[str, list[str]]
+
+
 @dataclass
 class Response:
     status: int
     content_type: str
     body: bytes
+    etag: str = ""  # a quoted entity tag, or "" for none
 
 
-Route = Callable[[dict[str, list[str]]], Response]
+Deferred = Callable[[], Response]  # the rest of a route's work, on the request's thread
+Route = Callable[[Query], Response | Deferred]
+
+
+@dataclass(frozen=True)
+class Direct:
+    """A route run on the request's thread, never on the reactor: it must read only what
+    is safe to read from another thread."""
+
+    route: Callable[[Query], Response]
+
+    def __call__(self, query: Query) -> Response:
+        return self.route(query)
 
 
 @dataclass
 class _Pending:
     route: Route
-    query: dict[str, list[str]]
+    query: Query
     done: threading.Event
-    response: Response | None = None
+    response: Response | Deferred | None = None
 
 
 class StatusServer:
@@ -53,17 +75,30 @@ class StatusServer:
                     body = f"no such path; try {known}\n".encode()
                     self._reply(Response(404, "text/plain", body))
                     return
-                pending = _Pending(route, parse_qs(url.query), threading.Event())
+                query = parse_qs(url.query)
+                if isinstance(route, Direct):
+                    self._reply(_guarded(partial(route, query)))
+                    return
+                pending = _Pending(route, query, threading.Event())
                 outer._mailbox.put(pending)
                 if not pending.done.wait(HANDLER_TIMEOUT) or pending.response is None:
                     self._reply(Response(503, "text/plain", b"service busy; try again\n"))
                     return
-                self._reply(pending.response)
+                resp = pending.response
+                self._reply(resp if isinstance(resp, Response) else _guarded(resp))
 
             def _reply(self, resp: Response) -> None:
+                if resp.etag and resp.status == 200 and resp.etag in self.headers.get(
+                        "If-None-Match", ""):
+                    self.send_response(304)
+                    self.send_header("ETag", resp.etag)
+                    self.end_headers()
+                    return
                 self.send_response(resp.status)
                 self.send_header("Content-Type", resp.content_type)
                 self.send_header("Content-Length", str(len(resp.body)))
+                if resp.etag:
+                    self.send_header("ETag", resp.etag)
                 self.end_headers()
                 self.wfile.write(resp.body)
 
@@ -81,11 +116,7 @@ class StatusServer:
 
     def _serve_pending(self) -> None:
         for pending in self._mailbox.drain():
-            try:
-                pending.response = pending.route(pending.query)
-            except Exception as exc:  # a broken view must not take the service down
-                log.error("http handler failed", error=repr(exc))
-                pending.response = Response(500, "text/plain", f"error: {exc}\n".encode())
+            pending.response = _guarded(partial(pending.route, pending.query))
             pending.done.set()
 
     def close(self) -> None:
@@ -93,6 +124,17 @@ class StatusServer:
         self._server.server_close()
         self._reactor.remove_reader(self._mailbox)
         self._mailbox.close()
+
+
+R = TypeVar("R", Response, Response | Deferred)
+
+
+def _guarded(fn: Callable[[], R]) -> R | Response:
+    try:
+        return fn()
+    except Exception as exc:  # a broken view must not take the service down
+        log.error("http handler failed", error=repr(exc))
+        return Response(500, "text/plain", f"error: {exc}\n".encode())
 
 
 def json_response(body: bytes) -> Response:

@@ -37,7 +37,8 @@ def cli(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
         """`doc`: the /state every call returns, or a list of them in turn (last repeated)."""
         docs = list(doc) if isinstance(doc, list) else [doc]
         monkeypatch.setattr(lifecycle, "master_state",
-                            lambda url, t: (None, docs.pop(0) if len(docs) > 1 else docs[0]))
+                            lambda url, t, query="": (None, docs.pop(0) if len(docs) > 1
+                                                      else docs[0]))
         monkeypatch.setattr(lifecycle.cluster, "spawn",
                             lambda run_dir, name, argv, env=None: spawned.append(argv) or 4242)
         code = cli_main.main(["--run-dir", str(tmp_path), "--cluster", "file:///x", *argv])
@@ -151,3 +152,25 @@ def test_a_run_whose_framework_exits_fails_at_once(cli: Any, monkeypatch: pytest
     monkeypatch.setattr(lifecycle.cluster, "alive", lambda pid: False)
     code, out = cli(state(), "run", "--name", "web", "--image", "img", "--", "sleep", "60")
     assert code == 1 and "the web framework exited; see" in out
+
+
+def test_counts_from_a_document_filtered_to_the_service() -> None:
+    """The poll of `run` asks for the service's frameworks and task counts only."""
+    full = state({"fw-1": "web", "fw-2": "db"},
+                 [("fw-1", "web-0-1", "TASK_RUNNING"), ("fw-1", "web-1-1", "TASK_STAGING"),
+                  ("fw-1", "web-1-0", "TASK_FAILED"), ("fw-2", "db-0-1", "TASK_RUNNING")])
+    filtered = {"frameworks": full["frameworks"][:1], "roles": [],
+                "filter": {"framework": [], "framework_name": ["web"]},
+                "task_counts": {"TASK_RUNNING": 1, "TASK_STAGING": 1, "TASK_FAILED": 1}}
+    assert lifecycle.service_counts(filtered, "web", 3) == lifecycle.service_counts(
+        full, "web", 3) == Counter(RUNNING=1, STAGING=1, pending=1, ended=1)
+    # Counts not filtered to this name are not taken for the service's.
+    unfiltered = {**filtered, "filter": {"framework": [], "framework_name": ["db"]}}
+    assert lifecycle.service_counts(unfiltered, "web", 3) == Counter(pending=3)
+    assert lifecycle.service_query("web") == "framework_name=web&tasks=0&agents=0"
+
+
+def test_polls_are_frequent_while_things_change_and_back_off_when_not() -> None:
+    backoff = lifecycle.Backoff(0.1, 0.5)
+    assert [backoff.next(c) for c in (True, False, False, False, False, True, False)] == \
+        [0.1, 0.2, 0.4, 0.5, 0.5, 0.1, 0.2]

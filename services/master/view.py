@@ -1,0 +1,340 @@
+"""The master's /state and its core-derived metrics, off the reactor (issue 8): a replica of
+what the master publishes on its state stream, kept for the HTTP threads. The reactor only
+hands over: the entries of each publish (coalesced by key, so the handover is bounded by the
+state's size however rarely anyone scrapes) and a few facts not on the stream (master id,
+epoch, paused, cluster id); it does nothing per scrape. A scrape applies what was handed
+over since the last one on its own thread (each entry's JSON is made once, when it changes),
+and the document of one version (and one query) is built once: the same version, the same
+bytes, and the same ETag."""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import json
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Collection, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from google.protobuf.json_format import MessageToDict
+
+from schemas import bus_pb2, common_pb2, state_pb2
+
+StateEntry = bus_pb2.StateEntry
+Query = dict[str, list[str]]
+SHOWN = ("agent", "framework", "task", "role")  # the stream's kinds /state lists
+QUERY_KEYS = ("framework", "framework_name", "tasks", "agents")
+YIELD_EVERY = 100  # entries applied between two offers of the GIL to the reactor
+PENDING_SLACK = 10_000  # entries waiting beyond the state's size before it is taken whole
+MAX_CACHED_DOCUMENTS = 8  # documents kept for the current version (one per query)
+# A query: (framework ids, framework names, with tasks, with agents).
+_Key = tuple[tuple[str, ...], tuple[str, ...], bool, bool]
+
+
+class BadQuery(ValueError):
+    """A /state query this view does not understand (answered 400)."""
+
+
+def _fragment(record: Any) -> bytes:
+    """One record as /state has always shown it."""
+    return json.dumps(MessageToDict(record, preserving_proto_field_name=True),
+                      sort_keys=True).encode()
+
+
+def _assemble(parts: dict[str, Any]) -> bytes:
+    """`parts` as a JSON object with sorted keys (as json.dumps(sort_keys=True) writes it);
+    a value given as list[bytes] is a list of ready-made JSON fragments."""
+    out = [b"{"]
+    for i, key in enumerate(sorted(parts)):
+        value = parts[key]
+        out.append(b"%s%s: " % (b", " if i else b"", json.dumps(key).encode()))
+        if isinstance(value, list) and all(isinstance(v, bytes) for v in value):
+            out.extend((b"[", b", ".join(value), b"]"))
+        else:
+            out.append(json.dumps(value, sort_keys=True).encode())
+    out.append(b"}")
+    return b"".join(out)
+
+
+def reference_document(meta: dict[str, Any] | None, entries: Iterable[StateEntry]) -> bytes:
+    """/state built in one go from the whole state (what the master did on its reactor
+    before issue 8): kept as the reference the view is tested and benchmarked against."""
+    if meta is None:
+        return b""
+    state: dict[str, Any] = {**meta, "agents": [], "frameworks": [], "tasks": [], "roles": []}
+    for entry in entries:
+        kind = entry.value.WhichOneof("kind")
+        if kind in SHOWN:
+            record = getattr(entry.value, kind)
+            state[f"{kind}s"].append(MessageToDict(record, preserving_proto_field_name=True))
+    return json.dumps(state, sort_keys=True).encode()
+
+
+class _Table:
+    """Records by id, in id order, each as its JSON fragment and one label (a status, a
+    name) for counts and filters."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, tuple[bytes, str]] = {}
+        self.order: list[str] = []  # sorted ids (an insort is a memmove, never a sort)
+
+    def put(self, key: str, fragment: bytes, label: str) -> str | None:
+        """Store; returns the label it replaced (None: a new row)."""
+        old = self.rows.get(key)
+        if old is None:
+            bisect.insort(self.order, key)
+        self.rows[key] = (fragment, label)
+        return old[1] if old is not None else None
+
+    def pop(self, key: str) -> str | None:
+        old = self.rows.pop(key, None)
+        if old is None:
+            return None
+        del self.order[bisect.bisect_left(self.order, key)]
+        return old[1]
+
+    def fragments(self) -> Iterator[bytes]:
+        rows = self.rows
+        return (rows[k][0] for k in self.order)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+@dataclass(frozen=True)
+class _Spot:
+    """Where a stream key's record lives in the replica."""
+
+    kind: str
+    framework_id: str
+    key: str
+
+
+class StateView:
+    """Fed by the reactor (`lead`, `publish`, `set_meta`, `step_down`: cheap, and nothing per
+    scrape), read by the HTTP threads (`document`, `counts`). It shows what was published:
+    an agent's last_seen_us as of its last change on the stream (liveness reports refresh
+    the core's copy without publishing), as every subscriber of the stream sees it."""
+
+    def __init__(self, master_id: str,
+                 current: Callable[[], Collection[StateEntry]] = tuple) -> None:
+        """`current`: the whole published state (read on the reactor), taken instead of the
+        entries waiting when those outnumber it (deletions of keys long gone, unscraped)."""
+        self.master_id = master_id
+        self._current = current
+        # -- the handover (reactor -> HTTP threads), under _handover
+        self._handover = threading.Lock()
+        self._pending: dict[str, StateEntry] = {}  # coalesced by key
+        self._base: list[StateEntry] | None = None  # a whole new state (a new reign)
+        self._meta: dict[str, Any] | None = None  # None: not leading
+        self._handed = 0  # bumped by every handover
+        # -- the replica (HTTP threads), under _build
+        self._build = threading.Lock()
+        self._applied = -1
+        self._version = 0  # bumped when what /state shows changed
+        self._shown_meta: dict[str, Any] | None = None
+        self.agents, self.frameworks, self.roles = _Table(), _Table(), _Table()
+        self.tasks: dict[str, _Table] = {}  # framework id -> its tasks
+        self._task_frameworks: list[str] = []  # sorted keys of self.tasks
+        self._spots: dict[str, _Spot] = {}
+        self.task_counts: Counter[str] = Counter()  # by state
+        self.agent_counts: Counter[str] = Counter()  # by status
+        self._docs: dict[tuple[Any, ...], bytes] = {}  # this version's documents, by query
+        self._docs_version = -1
+        self._etag_prefix = uuid.uuid4().hex[:8]  # ETags of another process never match
+
+    # -- the reactor's side: cheap, never per scrape -------------------------------------
+    def lead(self, entries: list[StateEntry], **meta: Any) -> None:
+        """A new reign holding `entries` (the list is kept, not copied: not to be changed)."""
+        with self._handover:
+            self._base, self._pending = entries, {}
+            self._meta = {"master_id": self.master_id, **meta}
+            self._handed += 1
+
+    def publish(self, entries: Iterable[StateEntry]) -> None:
+        """Entries just published on the state stream."""
+        with self._handover:
+            pending = self._pending
+            for entry in entries:
+                pending[entry.key] = entry
+            self._handed += 1
+            if len(pending) > PENDING_SLACK:
+                whole = self._current()
+                if len(pending) > len(whole) + PENDING_SLACK:
+                    self._base, self._pending = list(whole), {}
+
+    def set_meta(self, **changes: Any) -> None:
+        with self._handover:
+            if self._meta is not None:
+                self._meta = {**self._meta, **changes}
+                self._handed += 1
+
+    def step_down(self) -> None:
+        with self._handover:
+            self._base, self._pending, self._meta = [], {}, None
+            self._handed += 1
+
+    def meta(self) -> dict[str, Any] | None:
+        with self._handover:
+            return self._meta
+
+    # -- the HTTP threads' side ----------------------------------------------------------
+    def document(self, query: Query) -> tuple[int, bytes, str]:
+        """(HTTP status, body, ETag) of /state for `query`; BadQuery when not understood."""
+        key = _query_key(query)  # BadQuery before any work
+        with self._build:
+            self._sync()
+            if self._shown_meta is None:
+                return 503, json.dumps({"leading": False, "id": self.master_id}).encode(), ""
+            etag = f'"{self._etag_prefix}-{self._version}-{hash(key) & 0xffffffff:x}"'
+            if self._docs_version != self._version:
+                self._docs, self._docs_version = {}, self._version
+            body = self._docs.get(key)
+            if body is None:
+                if len(self._docs) >= MAX_CACHED_DOCUMENTS:
+                    self._docs.clear()
+                body = self._docs[key] = self._render(key)
+            return 200, body, etag
+
+    def counts(self) -> tuple[dict[str, int], dict[str, int], int]:
+        """(tasks by state, agents by status, frameworks) for /metrics."""
+        with self._build:
+            self._sync()
+            if self._shown_meta is None:
+                return {}, {}, 0
+            return dict(self.task_counts), dict(self.agent_counts), len(self.frameworks)
+
+    def _sync(self) -> None:
+        with self._handover:
+            if self._handed == self._applied:
+                return
+            base, pending, meta = self._base, self._pending, self._meta
+            self._base, self._pending, self._applied = None, {}, self._handed
+        changed = meta != self._shown_meta
+        self._shown_meta = meta
+        if base is not None:
+            self._clear()
+            changed = True
+            base = sorted(base, key=_by_key)  # ids in order: each row is appended
+        for i, entry in enumerate(itertools.chain(base or (), pending.values()), 1):
+            changed = self._apply(entry) or changed
+            if i % YIELD_EVERY == 0:
+                time.sleep(0)  # let the reactor have the GIL now, not at the next switch
+        if changed:
+            self._version += 1
+
+    def _clear(self) -> None:
+        self.agents, self.frameworks, self.roles = _Table(), _Table(), _Table()
+        self.tasks, self._task_frameworks, self._spots = {}, [], {}
+        self.task_counts, self.agent_counts = Counter(), Counter()
+
+    def _apply(self, entry: StateEntry) -> bool:
+        """One stream entry into the replica; False when /state does not show it."""
+        kind = entry.value.WhichOneof("kind") if not entry.deleted else None
+        if entry.deleted or kind not in SHOWN:
+            spot = self._spots.pop(entry.key, None)
+            if spot is not None:
+                self._remove(spot)
+            return spot is not None
+        record = getattr(entry.value, kind)
+        fragment = _fragment(record)
+        if kind == "agent":
+            spot = _Spot("agent", "", record.agent_info.agent_id)
+            label = state_pb2.AgentRecord.Status.Name(record.status)
+            _recount(self.agent_counts, self.agents.put(spot.key, fragment, label), label)
+        elif kind == "framework":
+            spot = _Spot("framework", "", record.framework_info.framework_id)
+            self.frameworks.put(spot.key, fragment, record.framework_info.name)
+        elif kind == "role":
+            spot = _Spot("role", "", entry.key)
+            self.roles.put(spot.key, fragment, "")
+        else:
+            spot = _Spot("task", record.framework_id, record.task_info.task_id)
+            label = common_pb2.TaskState.Name(record.status.state)
+            table = self.tasks.get(spot.framework_id)
+            if table is None:
+                table = self.tasks[spot.framework_id] = _Table()
+                bisect.insort(self._task_frameworks, spot.framework_id)
+            _recount(self.task_counts, table.put(spot.key, fragment, label), label)
+        old = self._spots.get(entry.key)
+        if old is not None and old != spot:  # the same key, another record id: unlikely
+            self._remove(old)
+        self._spots[entry.key] = spot
+        return True
+
+    def _remove(self, spot: _Spot) -> None:
+        if spot.kind == "agent":
+            _recount(self.agent_counts, self.agents.pop(spot.key), None)
+        elif spot.kind == "framework":
+            self.frameworks.pop(spot.key)
+        elif spot.kind == "role":
+            self.roles.pop(spot.key)
+        else:
+            table = self.tasks.get(spot.framework_id)
+            if table is None:
+                return
+            _recount(self.task_counts, table.pop(spot.key), None)
+            if not table:
+                del self.tasks[spot.framework_id]
+                fids = self._task_frameworks
+                del fids[bisect.bisect_left(fids, spot.framework_id)]
+
+    def _render(self, key: _Key) -> bytes:
+        assert self._shown_meta is not None
+        ids, names, with_tasks, with_agents = key
+        parts: dict[str, Any] = dict(self._shown_meta)
+        if with_agents:
+            parts["agents"] = list(self.agents.fragments())
+        parts["roles"] = list(self.roles.fragments())
+        if not ids and not names:
+            fids = self._task_frameworks
+            parts["frameworks"] = list(self.frameworks.fragments())
+            counts: dict[str, int] = dict(self.task_counts)
+        else:
+            rows = self.frameworks.rows
+            chosen = {f for f in ids if f in rows}
+            chosen |= {f for f, (_, name) in rows.items() if name in names}
+            fids = [f for f in self._task_frameworks if f in chosen]
+            parts["filter"] = {"framework": list(ids), "framework_name": list(names)}
+            parts["frameworks"] = [rows[f][0] for f in sorted(chosen)]
+            counts = Counter(label for f in fids
+                             for _, label in self.tasks[f].rows.values())
+        parts["task_counts"] = dict(sorted(counts.items()))
+        if with_tasks:
+            parts["tasks"] = [frag for f in fids for frag in self.tasks[f].fragments()]
+        return _assemble(parts)
+
+
+def _by_key(entry: StateEntry) -> str:
+    return entry.key
+
+
+def _recount(counts: Counter[str], old: str | None, new: str | None) -> None:
+    if old is not None:
+        counts[old] -= 1
+        if not counts[old]:
+            del counts[old]
+    if new is not None:
+        counts[new] += 1
+
+
+def _query_key(query: Query) -> _Key:
+    """(framework ids, framework names, with tasks, with agents) of a /state query."""
+    unknown = sorted(set(query) - set(QUERY_KEYS))
+    if unknown:
+        raise BadQuery(f"unknown /state parameter(s) {', '.join(unknown)}; known: "
+                       f"{', '.join(QUERY_KEYS)} (framework=ID and framework_name=NAME "
+                       f"repeatable; tasks=0 and agents=0 leave those lists out)")
+    lists = {}
+    for name in ("tasks", "agents"):
+        value = query.get(name, ["1"])[-1]
+        if value not in ("0", "1"):
+            raise BadQuery(f"{name}={value!r}: use {name}=0 (no {name} list) or {name}=1")
+        lists[name] = value == "1"
+    return (tuple(sorted(set(query.get("framework", [])))),
+            tuple(sorted(set(query.get("framework_name", [])))), lists["tasks"],
+            lists["agents"])
