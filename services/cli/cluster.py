@@ -22,7 +22,7 @@ from typing import Any
 
 from rich.console import Console
 
-from services.cli.client import CliError, ElectionView, find_leader, http_get
+from services.cli.client import CliError, ElectionView, find_leader, http_get, state_path
 from services.procs import pid_alive
 
 console = Console()
@@ -253,7 +253,8 @@ def known_cluster_id(run_dir: Path) -> str:
         return ""
     try:
         leader = find_leader(url_file.read_text().strip(), timeout=1.0)
-        return record_cluster_id(run_dir, http_get(leader.endpoints["http"] + "/state", 2.0))
+        return record_cluster_id(run_dir, http_get(
+            leader.endpoints["http"] + state_path("tasks=0&agents=0"), 2.0))
     except (CliError, OSError, ValueError, KeyError):
         return ""
 
@@ -304,7 +305,7 @@ def wait_ready(url: str, run_dir: Path, agents: int, timeout: float,
                          if v["standbys"] is not None
                          and len(v["standbys"]) + 1 < expected[role]]
                 leader = find_leader(url, timeout=1.0)
-                state = http_get(leader.endpoints["http"] + "/state", timeout=2.0)
+                state = http_get(leader.endpoints["http"] + state_path("tasks=0"), timeout=2.0)
                 registered = sum(1 for a in state.get("agents", [])
                                  if a.get("status") == "AGENT_STATUS_REGISTERED")
                 last = f"{registered}/{agents} agents registered" + (
