@@ -3,7 +3,8 @@ every central service (real ZooKeeper, masters, allocators, offer-brokers; no re
 and one emulator process hosting 200 virtual agents on one connection. All register; a
 framework (the SDK) launches tasks onto them, which reach RUNNING, and FINISHED when their
 run time says; after SIGKILL of the leading master, every virtual agent re-registers with
-the standby and every running task is known again."""
+the standby and every running task is known again. The framework emulator's frameworks
+launch their set share of tasks, which finish."""
 
 from __future__ import annotations
 
@@ -47,9 +48,10 @@ def registered(state: dict[str, Any]) -> int:
     return sum(a.get("status") == "AGENT_STATUS_REGISTERED" for a in state["agents"])
 
 
-def emulator_state(run_dir: Path) -> dict[str, Any]:
-    log = (run_dir / "logs" / "emulator.log").read_text()
-    http = next(m.group(1) for line in log.splitlines() if "agent emulator started" in line
+def emulator_state(run_dir: Path, name: str = "emulator",
+                   started: str = "agent emulator started") -> dict[str, Any]:
+    log = (run_dir / "logs" / f"{name}.log").read_text()
+    http = next(m.group(1) for line in log.splitlines() if started in line
                 for m in [re.search(r"http=(http://\S+)", line)] if m)
     with urllib.request.urlopen(http + "/state", timeout=5) as r:
         return json.loads(r.read())  # type: ignore[no-any-return]
@@ -133,3 +135,24 @@ def test_virtual_agents_run_tasks_and_survive_a_master_failover(cluster: Cluster
     finally:
         driver.stop(failover=False)
         driver.join(10)
+
+
+def test_emulated_frameworks_launch_their_tasks_onto_virtual_agents(cluster: Cluster) -> None:
+    local_cluster.spawn(cluster.run_dir, "frameworks", [
+        "-m", "services.emulator", "frameworks", "--cluster", cluster.url, "--count", "2",
+        "--accept-rate", "0.5", "--tasks-per-offer", "2", "--max-tasks", "10",
+        "--task-run-s", "0.5", "--task-cpus", "0.5", "--task-mem", "64"])
+
+    def totals() -> dict[str, int]:
+        try:
+            return emulator_state(cluster.run_dir, "frameworks",  # type: ignore[no-any-return]
+                                  "framework emulator started")["totals"]
+        except (OSError, StopIteration):
+            return {}
+    wait_for(lambda: totals().get("ended_TASK_FINISHED") == 20, 60,
+             message=lambda: f"frameworks: {totals()}")
+    assert totals()["launched"] == 20 and totals()["ended"] == 20
+    state = cluster.state()
+    finished = [t for t in state["tasks"] if t["task_info"]["task_id"].startswith("emu-fw-")]
+    assert {t["agent_id"] for t in finished} <= {a["agent_info"]["agent_id"]
+                                                 for a in state["agents"]}
