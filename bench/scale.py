@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pstats
 import shutil
 import signal
 import tempfile
@@ -54,6 +55,8 @@ PHASES = ("registration", "subscribe_to_running", "launch", "failover")
 SERVICES = ("master", "master-2", "allocator", "allocator-2", "broker", "broker-2",
             "emulator")
 T = TypeVar("T")
+# Not work: waiting in poll or on a lock, and importing (profiles start at interpreter start).
+WAITING = ("poll", "acquire", "compile", "marshal", "exec", "_imp.", "create_dynamic")
 
 
 def _wait(predicate: Callable[[], T | None], timeout: float, what: str,
@@ -226,8 +229,13 @@ class Run:
             argv += ["--window", str(self.window)]
         started = self._phase_start()
         local_cluster.spawn(self.run_dir, "emulator", argv)
-        _wait(lambda: self.emulator_state()["agents"].get("registered") == self.n,
-              60 + self.n / 50, f"{self.n} agents registered")
+        try:
+            _wait(lambda: self.emulator_state()["agents"].get("registered") == self.n,
+                  60 + self.n / 50, f"{self.n} agents registered")
+        except TimeoutError as exc:
+            self._phase_end("registration", started)
+            agents = self.emulator_state()["agents"]
+            raise TimeoutError(f"{exc}: {agents}") from None
         took = self._phase_end("registration", started)
         registered = gauges(self.master_http(), "offerbus_master_agents")
         assert registered.get("AGENT_STATUS_REGISTERED") == self.n, registered
@@ -312,12 +320,37 @@ class Run:
         assert leader is not None
         return leader.member_id
 
-    def down(self, ok: bool) -> None:
+    def down(self, ok: bool, keep: bool = False) -> None:
         local_cluster.down(self.run_dir)
-        if ok:
+        if ok and not keep:
             shutil.rmtree(self.run_dir, ignore_errors=True)
         else:
             print(f"bench scale: failed; logs in {self.run_dir / 'logs'}")
+
+
+def profiling_on(run_dir: Path) -> dict[str, str]:
+    """Make the processes started from now on profile themselves (bench/profiling); returns
+    the environment to restore."""
+    saved = dict(os.environ)
+    here = str(Path(__file__).parent / "profiling")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [here,
+                                                             os.environ.get("PYTHONPATH")]))
+    os.environ["OFFERBUS_PROFILE_DIR"] = str(run_dir / "profiles")
+    return saved
+
+
+def profile_summary(profiles: Path, top: int = 8) -> dict[str, list[list[Any]]]:
+    """Per process: its `top` functions by own time (seconds, calls, where)."""
+    out: dict[str, list[list[Any]]] = {}
+    for path in sorted(profiles.glob("*.prof")):
+        stats = pstats.Stats(str(path))
+        rows = sorted(((k, v) for k, v in stats.stats.items()  # type: ignore[attr-defined]
+                       if not any(w in k[2] for w in WAITING)),
+                      key=lambda kv: -kv[1][2])[:top]
+        out[path.stem.rsplit("-", 1)[0]] = [
+            [round(tt, 2), nc, f"{Path(fn).name}:{line} {func}"]
+            for (fn, line, func), (_cc, nc, tt, _ct, _callers) in rows]
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -330,6 +363,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--window", type=int, default=0,
                     help="the emulator's registration window (0: its default)")
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--profile", action="store_true",
+                    help="profile every service's reactor (cProfile, bench/profiling) and "
+                         "print where each spent its time (a SIGKILLed master leaves none)")
     args = ap.parse_args(argv if argv is not None else [])
     sizes = [int(x) for x in args.agents.split(",") if x]
     print(f"bench scale: {sizes} virtual agents x {args.tasks_per_agent} tasks, "
@@ -341,6 +377,7 @@ def main(argv: list[str] | None = None) -> None:
         for n in order:
             run = Run(n, args.tasks_per_agent, args.window or None)
             ok = False
+            saved = profiling_on(run.run_dir) if args.profile else None
             try:
                 row = run.run()
                 row["round"] = r
@@ -351,7 +388,12 @@ def main(argv: list[str] | None = None) -> None:
                 rows.append({"agents": n, "round": r, "failed": str(exc),
                              "cpu_s": run.row["cpu_s"]})
             finally:
-                run.down(ok)
+                if saved is not None:
+                    os.environ.clear()
+                    os.environ.update(saved)
+                run.down(ok, keep=args.profile)
+                if args.profile:
+                    run.row["profile"] = profile_summary(run.run_dir / "profiles")
     report(rows, {"sizes": sizes, "tasks_per_agent": args.tasks_per_agent,
                   "rounds": args.rounds, "heartbeat_s": HEARTBEAT,
                   "seconds_total": time.monotonic() - started})
@@ -384,6 +426,12 @@ def report(rows: list[dict[str, Any]], config: dict[str, Any]) -> None:
                 busiest = ", ".join(f"{k} {v:.1f}" for k, v in
                                     sorted(cpu.items(), key=lambda kv: -kv[1]))
                 print(f"  {r['agents']:>6} {phase:<21} {busiest}")
+    for r in rows:
+        for proc, fns in r.get("profile", {}).items():
+            if proc.startswith(("master", "allocator", "broker", "emulator")) and fns:
+                print(f"  {r['agents']:>6} {proc}: own time by function (s, calls):")
+                for tt, nc, where in fns[:5]:
+                    print(f"           {tt:>7.2f} {nc:>9} {where}")
     print(f"({config['seconds_total']:.0f}s in all)")
     print(f"results: {write('scale', {'config': config, 'rows': rows})}")
 
