@@ -378,15 +378,14 @@ def main(argv: list[str] | None = None) -> None:
             run = Run(n, args.tasks_per_agent, args.window or None)
             ok = False
             saved = profiling_on(run.run_dir) if args.profile else None
+            run.row["round"] = r
+            rows.append(run.row)
             try:
-                row = run.run()
-                row["round"] = r
-                rows.append(row)
+                run.run()
                 ok = True
             except (TimeoutError, AssertionError) as exc:
                 progress(f"{n} agents: FAILED ({exc})")
-                rows.append({"agents": n, "round": r, "failed": str(exc),
-                             "cpu_s": run.row["cpu_s"]})
+                run.row["failed"] = str(exc)
             finally:
                 if saved is not None:
                     os.environ.clear()

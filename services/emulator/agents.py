@@ -105,6 +105,8 @@ class AgentsCore:
         self._n_registered = 0
         self._progress_step = max(1, len(self.agents) // PROGRESS_STEPS)
         self.detected_at: float | None = None
+        self._states: Counter[str] = Counter({Reg.DISCONNECTED.value: len(self.agents)})
+        self._running = 0
 
     # -- the master ------------------------------------------------------------------------
     def master_detected(self, now: float) -> list[Command]:
@@ -113,14 +115,15 @@ class AgentsCore:
         self.detected_at = now
         for a in self.agents.values():
             if a.reg is not Reg.STOPPED:
-                a.reg = Reg.QUEUED
+                self._set(a, Reg.QUEUED)
                 self._queue.append(a.name)
         return self._pump(now)
 
     def master_lost(self, now: float) -> list[Command]:
         for a in self.agents.values():
             if a.reg is not Reg.STOPPED:
-                a.reg, a.register_at, a.attempts = Reg.DISCONNECTED, None, 0
+                self._set(a, Reg.DISCONNECTED)
+                a.register_at, a.attempts = None, 0
         self._queue.clear()
         self._registering.clear()
         self._n_registered = 0
@@ -131,7 +134,8 @@ class AgentsCore:
         while self._queue and len(self._registering) < self.window:
             a = self.agents[self._queue.popleft()]
             if a.reg is Reg.QUEUED:
-                a.reg, a.attempts = Reg.REGISTERING, 0
+                self._set(a, Reg.REGISTERING)
+                a.attempts = 0
                 self._registering.add(a.name)
                 out.append(self._register(a, now))
         return out
@@ -177,7 +181,7 @@ class AgentsCore:
             return []
         self.counts["errors"] += 1
         if code in (bus_pb2.NOT_REGISTERED, bus_pb2.NOT_LEADER) and a.reg is Reg.REGISTERED:
-            a.reg = Reg.QUEUED
+            self._set(a, Reg.QUEUED)
             self._n_registered -= 1
             self._queue.append(a.name)
             return self._pump(now)
@@ -236,7 +240,8 @@ class AgentsCore:
             a.agent_id = agent_id
             self.by_id[agent_id] = a.name
         self.counts["registered"] += 1
-        a.reg, a.register_at, a.attempts = Reg.REGISTERED, None, 0
+        self._set(a, Reg.REGISTERED)
+        a.register_at, a.attempts = None, 0
         self._registering.discard(a.name)
         for t in a.tasks.values():  # every head at once, backoff reset
             if t.pending:
@@ -255,7 +260,8 @@ class AgentsCore:
         if a.reg is Reg.REGISTERED:
             self._n_registered -= 1
         self._registering.discard(a.name)
-        a.reg, a.register_at = Reg.STOPPED, None
+        self._set(a, Reg.STOPPED)
+        a.register_at = None
         self.counts["shutdowns"] += 1
         return [Notice.of("agent_shut_down", "a virtual agent was told to shut down",
                           "warning", agent=a.name, agent_id=a.agent_id, reason=reason),
@@ -306,6 +312,7 @@ class AgentsCore:
         if t is None:
             return
         self.tasks -= 1
+        self._running -= t.state == tasks.RUNNING
         self._fw_tasks[t.framework_id] -= 1
         if self._fw_tasks[t.framework_id] <= 0:
             del self._fw_tasks[t.framework_id]
@@ -352,6 +359,7 @@ class AgentsCore:
             task_id=key[1], state=state, source=source, reason=reason, message=message,
             uuid=self.nonce + self._uuids.to_bytes(8, "big"), agent_id=a.agent_id,
             executor_id=executor_id(key[1]), timestamp_us=int(now * 1e6)))
+        self._running += (state == tasks.RUNNING) - (t.state == tasks.RUNNING)
         t.state = state
         self.counts["updates_created"] += 1
         if len(t.pending) == 1:
@@ -447,16 +455,25 @@ class AgentsCore:
         return self._timers[0][0] if self._timers else None
 
     # -- views -----------------------------------------------------------------------------
+    def _set(self, a: VAgent, reg: Reg) -> None:
+        self._states[a.reg.value] -= 1
+        self._states[reg.value] += 1
+        a.reg = reg
+
     def by_state(self) -> Counter[str]:
-        return Counter(a.reg.value for a in self.agents.values())
+        """Virtual agents by registration state (kept as they change: read often)."""
+        return +self._states
 
     def running(self) -> int:
-        return sum(t.state == tasks.RUNNING for a in self.agents.values()
-                   for t in a.tasks.values())
+        """Tasks whose latest state is TASK_RUNNING."""
+        return self._running
 
     def validate(self) -> None:
         assert self.tasks == sum(len(a.tasks) for a in self.agents.values())
         assert len(self._registering) <= self.window
+        assert +self._states == Counter(a.reg.value for a in self.agents.values())
+        assert self._running == sum(t.state == tasks.RUNNING for a in self.agents.values()
+                                    for t in a.tasks.values())
         assert self._n_registered == sum(a.reg is Reg.REGISTERED for a in self.agents.values())
         for a in self.agents.values():
             assert a.ready <= set(a.tasks), "ready heads belong to known tasks"
