@@ -123,7 +123,8 @@ def test_virtual_agents_run_tasks_and_survive_a_master_failover(cluster: Cluster
                        if t["status"].get("state") == "TASK_RUNNING"}
             return registered(state) == AGENTS and set(running) == set(run) and all(
                 running[t]["agent_id"] == sched.agents[t] for t in run)
-        wait_for(recovered, FAILOVER, message=lambda: f"after failover: "
+        # (the new leader answers 503 until it has loaded the registry)
+        wait_for(recovered, FAILOVER, ignore=(OSError,), message=lambda: f"after failover: "
                  f"{registered(cluster.state())}/{AGENTS} registered, tasks "
                  f"{sorted(t['task_info']['task_id'] for t in cluster.state()['tasks'])}")
         counts = emulator_state(cluster.run_dir)["counts"]
