@@ -99,7 +99,7 @@ def join_peer(routing_id: bytes, channel: str) -> bytes:
 
 
 def valid_channel(routing_id: bytes, channel: str) -> bool:
-    return CHANNEL_SEP not in routing_id and "\x1f" not in channel
+    return CHANNEL_SEP not in routing_id and CHANNEL_SEP.decode() not in channel
 
 
 class ChannelTable:
