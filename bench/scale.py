@@ -271,7 +271,7 @@ class Run:
         started = self._phase_start()
         driver.start()
         try:
-            _wait(lambda: sched.all_running_at, 120 + total / 20, f"{total} tasks RUNNING",
+            _wait(lambda: sched.all_running_at, 60 + total / 50, f"{total} tasks RUNNING",
                   0.05)
         except TimeoutError:
             progress(f"launch: {sched.summary()}")

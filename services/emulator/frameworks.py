@@ -64,7 +64,8 @@ class Decline:
 class OfferPolicy:
     """Accepts `accept_rate` of the offers (a running credit: exactly that fraction over
     time), launching up to `tasks_per_offer` tasks of `shape` that fit, at most `max_tasks`
-    in all (0: no limit); declines the rest for `refuse_s`."""
+    in all (0: no limit; a task that ended without running, e.g. its accept voided by a
+    disconnection, is replaced); declines the rest for `refuse_s`."""
 
     def __init__(self, name: str, shape: Shape, accept_rate: float, tasks_per_offer: int,
                  max_tasks: int = 0, refuse_s: float = REFUSE_S) -> None:
@@ -74,7 +75,8 @@ class OfferPolicy:
         self.tasks_per_offer, self.max_tasks, self.refuse_s = tasks_per_offer, max_tasks, \
             refuse_s
         self._credit = 0.0
-        self.launched = 0
+        self.launched = 0  # task ids handed out
+        self.never_ran = 0  # of those, tasks that ended without running (replaced)
 
     def offers(self, offers: Sequence[common_pb2.Offer]) -> list[Launch | Decline]:
         out: list[Launch | Decline] = []
@@ -82,7 +84,8 @@ class OfferPolicy:
         need = self.shape.resources()
         for offer in offers:
             self._credit += self.accept_rate
-            room = self.max_tasks - self.launched if self.max_tasks else self.tasks_per_offer
+            room = (self.max_tasks - self.launched + self.never_ran if self.max_tasks
+                    else self.tasks_per_offer)
             if self._credit < 1 or room <= 0:
                 declined.append(offer.offer_id)
                 continue
@@ -143,6 +146,9 @@ class EmulatedFramework(Scheduler):
             if tasks.is_terminal(status.state):
                 self.states["ended"] += 1
                 self.states[f"ended_{state}"] += 1
+                ran = old in (tasks.RUNNING, tasks.KILLING, tasks.UNREACHABLE)
+                if not ran and status.state != tasks.FINISHED:
+                    self.policy.never_ran += 1
             else:
                 self.latest[status.task_id] = status.state
                 self.states[state] += 1

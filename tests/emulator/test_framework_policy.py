@@ -52,3 +52,20 @@ def test_an_offer_too_small_for_one_task_is_declined() -> None:
 def test_a_rate_outside_zero_to_one_is_refused() -> None:
     with pytest.raises(ValueError):
         OfferPolicy("f", Shape(), 1.5, 1)
+
+
+def test_a_task_that_never_ran_is_replaced_within_the_cap() -> None:
+    from services.emulator.frameworks import EmulatedFramework
+
+    sched = EmulatedFramework(OfferPolicy("f", Shape(0.5, 64), 1.0, tasks_per_offer=2,
+                                          max_tasks=2))
+    out = sched.policy.offers([offer(1)])
+    assert [len(d.tasks) for d in out if isinstance(d, Launch)] == [2]
+    assert sched.policy.offers([offer(2)]) == [Decline(("o2",), 5.0)]  # the cap
+    # f-1 ran and was killed; f-2's accept was voided (TASK_DROPPED before it ran).
+    for tid, state in (("f-1", common_pb2.TASK_RUNNING), ("f-1", common_pb2.TASK_KILLED),
+                       ("f-2", common_pb2.TASK_DROPPED)):
+        sched.update(None, common_pb2.TaskStatus(task_id=tid, state=state))  # type: ignore[arg-type]
+    assert sched.summary()["ended"] == 2
+    again = sched.policy.offers([offer(3)])
+    assert [[t.task_id for t in d.tasks] for d in again if isinstance(d, Launch)] == [["f-3"]]
