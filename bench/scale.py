@@ -22,6 +22,7 @@ smallest N measured in the same run; with --rounds > 1 the sizes take turns goin
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import pstats
@@ -30,7 +31,7 @@ import signal
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -179,16 +180,19 @@ class Run:
     def pids(self) -> dict[str, int]:
         return {k: v for k, v in local_cluster.running(self.run_dir).items() if k in SERVICES}
 
-    def _phase_start(self) -> float:
-        self._cpu_at = cpu_seconds(self.pids())
-        return time.monotonic()
-
-    def _phase_end(self, phase: str, started: float) -> float:
-        took = time.monotonic() - started
-        now = cpu_seconds(self.pids())
-        self.row["cpu_s"][phase] = {k: round(v - self._cpu_at.get(k, 0.0), 2)
-                                    for k, v in now.items() if v - self._cpu_at.get(k, 0) > 0.05}
-        return took
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[list[float]]:
+        """Times a phase (yields [start]; [start, seconds] after) and records each
+        process's CPU seconds in it, also when it fails."""
+        before = cpu_seconds(self.pids())
+        timing = [time.monotonic()]
+        try:
+            yield timing
+        finally:
+            timing.append(time.monotonic() - timing[0])
+            now = cpu_seconds(self.pids())
+            self.row["cpu_s"][name] = {k: round(v - before.get(k, 0.0), 2)
+                                       for k, v in now.items() if v - before.get(k, 0) > 0.05}
 
     def master_http(self) -> str:
         detector = detector_from_url(self.url, "master")
@@ -230,43 +234,45 @@ class Run:
                 str(self.n), "--heartbeat", str(HEARTBEAT)]
         if self.window:
             argv += ["--window", str(self.window)]
-        started = self._phase_start()
-        local_cluster.spawn(self.run_dir, "emulator", argv)
-        try:
-            _wait(lambda: self.emulator_state()["agents"].get("registered") == self.n,
-                  60 + self.n / 50, f"{self.n} agents registered")
-        except TimeoutError as exc:
-            self._phase_end("registration", started)
-            agents = self.emulator_state()["agents"]
-            raise TimeoutError(f"{exc}: {agents}") from None
-        took = self._phase_end("registration", started)
+        with self.phase("registration") as timing:
+            local_cluster.spawn(self.run_dir, "emulator", argv)
+            try:
+                _wait(lambda: self.emulator_state()["agents"].get("registered") == self.n,
+                      60 + self.n / 50, f"{self.n} agents registered")
+            except TimeoutError as exc:
+                raise TimeoutError(f"{exc}: {self.emulator_state()['agents']}") from None
+        took = timing[1]
         registered = gauges(self.master_http(), "offerbus_master_agents")
         assert registered.get("AGENT_STATUS_REGISTERED") == self.n, registered
         self.row["registration_s"] = took
         progress(f"{self.n} agents: all registered in {took:.2f}s ({self.n / took:.0f}/s)")
 
     def subscribe_to_running(self) -> None:
-        samples, offers = [], []
-        started = self._phase_start()
-        for i in range(SUBSCRIBE_TRIALS):
-            sched = OneTask()
-            driver = SchedulerDriver(sched, framework_info(f"one-{i}"), self.url)
-            driver.start()
-            try:
-                _wait(sched.running, 120, "the single task RUNNING", 0.01)
-            finally:
-                driver.stop(failover=False)
-                driver.join(10)
-            if sched.relaunches:
-                progress(f"{self.n} agents: the single task was launched again "
-                         f"{sched.relaunches} time(s)")
-            samples.append(sched.running_at - sched.subscribed_at)
-            offers.append(sched.offered_at - sched.subscribed_at)
-            progress(f"{self.n} agents: subscribed -> first offer {offers[-1]:.3f}s, "
-                     f"-> RUNNING {samples[-1]:.3f}s")
-        self._phase_end("subscribe_to_running", started)
+        samples: list[float] = []
+        offers: list[float] = []
+        with self.phase("subscribe_to_running"):
+            for i in range(SUBSCRIBE_TRIALS):
+                self._one_task(i, samples, offers)
         self.row["subscribe_to_running_s"] = sorted(samples)
         self.row["subscribe_to_offer_s"] = sorted(offers)
+
+    def _one_task(self, i: int, samples: list[float], offers: list[float]) -> None:
+        """One framework subscribes and runs its single task."""
+        sched = OneTask()
+        driver = SchedulerDriver(sched, framework_info(f"one-{i}"), self.url)
+        driver.start()
+        try:
+            _wait(sched.running, 120, "the single task RUNNING", 0.01)
+        finally:
+            driver.stop(failover=False)
+            driver.join(10)
+        if sched.relaunches:
+            progress(f"{self.n} agents: the single task was launched again "
+                     f"{sched.relaunches} time(s)")
+        samples.append(sched.running_at - sched.subscribed_at)
+        offers.append(sched.offered_at - sched.subscribed_at)
+        progress(f"{self.n} agents: subscribed -> first offer {offers[-1]:.3f}s, "
+                 f"-> RUNNING {samples[-1]:.3f}s")
 
     def launch(self) -> SchedulerDriver:
         total = self.n * self.per_agent
@@ -274,15 +280,16 @@ class Run:
                              max_tasks=total, refuse_s=3600)
         sched = Launcher(policy, total)
         driver = SchedulerDriver(sched, framework_info("load"), self.url)
-        started = self._phase_start()
-        driver.start()
         try:
-            _wait(lambda: sched.all_running_at, 60 + total / 50, f"{total} tasks RUNNING",
-                  0.05)
+            with self.phase("launch"):
+                driver.start()
+                _wait(lambda: sched.all_running_at, 60 + total / 50,
+                      f"{total} tasks RUNNING", 0.05)
         except TimeoutError:
             progress(f"launch: {sched.summary()}")
+            driver.stop(failover=True)
+            driver.join(10)
             raise
-        self._phase_end("launch", started)
         took = sched.all_running_at - sched.first_offer_at
         self.row["launch_s"] = took
         self.row["launch_rate"] = total / took
@@ -297,20 +304,21 @@ class Run:
                     if n.startswith("master") and local_cluster.member_id_of(
                         self.run_dir, n) == self._leader_id())
         pid = self.pids()[name]
-        started = self._phase_start()
-        os.kill(pid, signal.SIGKILL)
         def new_leader() -> str | None:
             http = self.master_http()
             return http if http != old else None
-        new = _wait(new_leader, 60, "a new leader")
-        led = time.monotonic() - started
 
-        def recovered() -> bool:
-            agents = gauges(new, "offerbus_master_agents")
-            running = gauges(new, "offerbus_master_tasks").get("TASK_RUNNING", 0)
-            return agents.get("AGENT_STATUS_REGISTERED") == self.n and running == total
-        _wait(recovered, 120 + self.n / 20, "every agent re-registered, every task known")
-        took = self._phase_end("failover", started)
+        with self.phase("failover") as timing:
+            os.kill(pid, signal.SIGKILL)
+            new = _wait(new_leader, 60, "a new leader")
+            led = time.monotonic() - timing[0]
+
+            def recovered() -> bool:
+                agents = gauges(new, "offerbus_master_agents")
+                running = gauges(new, "offerbus_master_tasks").get("TASK_RUNNING", 0)
+                return agents.get("AGENT_STATUS_REGISTERED") == self.n and running == total
+            _wait(recovered, 120 + self.n / 20, "every agent re-registered, every task known")
+        took = timing[1]
         self.row["failover_leader_s"] = led
         self.row["failover_s"] = took
         progress(f"{self.n} agents x {self.per_agent} tasks: master SIGKILL -> new leader "
