@@ -314,9 +314,13 @@ class Run:
             led = time.monotonic() - timing[0]
 
             def recovered() -> bool:
+                """Every agent registered with the new master, which knows every task the
+                agents run (at least `total`: a replaced launch may have added some)."""
                 agents = gauges(new, "offerbus_master_agents")
                 running = gauges(new, "offerbus_master_tasks").get("TASK_RUNNING", 0)
-                return agents.get("AGENT_STATUS_REGISTERED") == self.n and running == total
+                truth = self.emulator_state()["running"]
+                return (agents.get("AGENT_STATUS_REGISTERED") == self.n
+                        and running == truth >= total)
             _wait(recovered, 120 + self.n / 20, "every agent re-registered, every task known")
         took = timing[1]
         self.row["failover_leader_s"] = led
