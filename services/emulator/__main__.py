@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from services.agent.status_updates import RETRY_INITIAL_S
 from services.emulator.agents import REGISTER_WINDOW
 from services.shell.config import Option, common_fields
 from services.shell.process import main as run_service
@@ -21,6 +22,8 @@ AGENT_OPTIONS = (
     Option("window", int, REGISTER_WINDOW, "(re-)registrations outstanding at once",
            minimum=1, maximum=100_000),
     Option("prefix", default="emu", help="virtual agents are named PREFIX-00000, ..."),
+    Option("update_retry_s", float, RETRY_INITIAL_S, "first resend of an unacknowledged "
+           "status update, then doubling (the real agent's by default)", minimum=0.01),
 )
 
 
@@ -31,7 +34,7 @@ def build_agents(v: dict[str, Any]) -> Any:
     return AgentsShell(AgentsConfig(
         cluster_url=v["cluster"], count=v["count"], cpus=v["cpus"], mem=v["mem"],
         task_run_s=run_s if run_s >= 0 else math.inf, window=v["window"],
-        prefix=v["prefix"], **common_fields(v)))
+        prefix=v["prefix"], update_retry_s=v["update_retry_s"], **common_fields(v)))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from schemas import agent_pb2, bus_pb2, common_pb2
 from services import tasks
-from services.agent.status_updates import MAX_BATCH, retry_interval
+from services.agent.status_updates import MAX_BATCH, RETRY_INITIAL_S, retry_interval
 from services.notice import Notice
 
 TaskStatus = common_pb2.TaskStatus
@@ -78,10 +78,11 @@ class AgentsCore:
     def __init__(self, infos: Iterable[common_pb2.AgentInfo], *, nonce: bytes,
                  run_s: float = math.inf, window: int = REGISTER_WINDOW,
                  register_timeout_s: float = REGISTER_TIMEOUT_S,
-                 max_tasks: int = MAX_TASKS) -> None:
+                 max_tasks: int = MAX_TASKS, update_retry_s: float = RETRY_INITIAL_S) -> None:
         """`infos`: one per virtual agent, its hostname its name (and channel); `nonce`: 8
         random bytes (status update uuids are nonce + counter); `run_s`: a task's run time
-        unless its RUN_LABEL says otherwise (inf: until killed)."""
+        unless its RUN_LABEL says otherwise (inf: until killed); `update_retry_s`: the first
+        resend of an unacknowledged update (then doubling), the real agent's by default."""
         self.agents: dict[str, VAgent] = {}
         for info in infos:
             copy = common_pb2.AgentInfo()
@@ -91,6 +92,7 @@ class AgentsCore:
             raise ValueError("the nonce is 8 bytes")
         self.nonce, self.run_s, self.window = nonce, run_s, max(1, window)
         self.register_timeout_s, self.max_tasks = register_timeout_s, max_tasks
+        self.update_retry_s = update_retry_s
         self.frameworks: dict[str, common_pb2.FrameworkInfo] = {}
         self._fw_tasks: Counter[str] = Counter()  # live tasks per framework (prunes the above)
         self.by_id: dict[str, str] = {}  # agent id -> name
@@ -401,7 +403,7 @@ class AgentsCore:
                 head.agent_id = a.agent_id
                 batch.add(framework_id=t.framework_id).status.CopyFrom(head)
                 t.sends += 1
-                t.retry_at = now + retry_interval(t.sends)
+                t.retry_at = now + retry_interval(t.sends, self.update_retry_s)
                 self._schedule(t.retry_at, "retry", name, key)
             if batch:
                 self.counts["updates_sent"] += len(batch)

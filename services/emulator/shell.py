@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from schemas import common_pb2
+from services.agent.status_updates import RETRY_INITIAL_S
 from services.bus import codec
 from services.bus.election import LeaderChanged, detector_from_url
 from services.bus.epoch import EpochFence
@@ -37,6 +38,7 @@ class AgentsConfig(ServiceConfig):
     mem: int = 8192
     task_run_s: float = math.inf  # a task's run time unless its label says; inf: until killed
     window: int = REGISTER_WINDOW
+    update_retry_s: float = RETRY_INITIAL_S  # first resend of an unacknowledged update
     prefix: str = "emu"  # virtual agent i is named (and its channel is) f"{prefix}-{i:05d}"
 
 
@@ -58,7 +60,7 @@ class AgentsShell(ServiceKit):
             info.resources.extend(resources.to_proto())
             infos.append(info)
         self.core = AgentsCore(infos, nonce=os.urandom(8), run_s=config.task_run_s,
-                               window=config.window)
+                               window=config.window, update_retry_s=config.update_retry_s)
         self.fence = EpochFence(frozenset({MASTER}))
         self.master = DealerClient(
             self.reactor, self.ctx, self.sender, self._on_master,

@@ -19,13 +19,15 @@ Event = agent_pb2.AgentEvent
 FW = common_pb2.FrameworkInfo(framework_id="F1", name="f")
 
 
-def core(n: int = 3, window: int = 10, run_s: float = float("inf")) -> AgentsCore:
+def core(n: int = 3, window: int = 10, run_s: float = float("inf"),
+         update_retry_s: float = 0.5) -> AgentsCore:
     infos = []
     for i in range(n):
         info = common_pb2.AgentInfo(hostname=f"v{i}")
         info.resources.extend(Resources.parse("cpus:4;mem:1024").to_proto())
         infos.append(info)
-    return AgentsCore(infos, nonce=b"\0" * 8, run_s=run_s, window=window)
+    return AgentsCore(infos, nonce=b"\0" * 8, run_s=run_s, window=window,
+                      update_retry_s=update_retry_s)
 
 
 def calls(cmds: list[object]) -> list[ToMaster]:
@@ -136,6 +138,13 @@ def test_an_unacknowledged_update_is_resent_with_backoff() -> None:
     stale.acknowledgements.acks.add(framework_id="F1", task_id="t1", uuid=b"x" * 16)
     assert c.master_event("v0", stale, 1.6) == []
     assert c.counts["acks_stale"] == 1
+
+
+def test_the_first_resend_can_be_set() -> None:
+    c = registered_core(1, update_retry_s=2.0)
+    run(c, "v0", "t1", 0.0)
+    assert c.tick(1.9) == [] and updates(c.tick(2.0)) == [("v0", "t1", "TASK_STARTING")]
+    assert c.tick(5.9) == [] and updates(c.tick(6.0)) == [("v0", "t1", "TASK_STARTING")]
 
 
 def test_updates_of_one_agent_go_in_one_batch() -> None:
