@@ -8,11 +8,11 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from bench import bus, failover, launch, memory, state, tracing
+from bench import bus, failover, launch, memory, scale, state, tracing
 
 BENCHES: dict[str, Callable[[], None]] = {
     "bus": bus.main, "launch": launch.main, "tracing": tracing.main, "failover": failover.main,
-    "memory": memory.main, "state": state.main}
+    "memory": memory.main, "state": state.main, "scale": scale.main}
 
 
 def main(argv: list[str]) -> int:

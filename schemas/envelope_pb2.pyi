@@ -66,6 +66,7 @@ class Envelope(_message.Message):
     TRACESTATE_FIELD_NUMBER: _builtins.int
     SENT_AT_US_FIELD_NUMBER: _builtins.int
     IN_REPLY_TO_FIELD_NUMBER: _builtins.int
+    CHANNEL_FIELD_NUMBER: _builtins.int
     HEARTBEAT_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     SNAPSHOT_REQUEST_FIELD_NUMBER: _builtins.int
@@ -94,6 +95,11 @@ class Envelope(_message.Message):
     sent_at_us: _builtins.int
     """Wall-clock send time, microseconds since the Unix epoch."""
     in_reply_to: _builtins.str
+    channel: _builtins.str
+    """An endpoint inside the sending or receiving process (e.g. one virtual agent of the agent
+    emulator); empty for a process that is one endpoint. A ROUTER tells the channels of one
+    connection apart by it (services/bus/peer.py), and liveness stays per connection.
+    """
     @_builtins.property
     def heartbeat(self) -> _bus_pb2.Heartbeat:
         """Bus-level messages (schemas/bus.proto)."""
@@ -138,6 +144,7 @@ class Envelope(_message.Message):
         tracestate: _builtins.str = ...,
         sent_at_us: _builtins.int = ...,
         in_reply_to: _builtins.str = ...,
+        channel: _builtins.str = ...,
         heartbeat: _bus_pb2.Heartbeat | None = ...,
         error: _bus_pb2.Error | None = ...,
         snapshot_request: _bus_pb2.SnapshotRequest | None = ...,
@@ -155,7 +162,7 @@ class Envelope(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["agent_call", b"agent_call", "agent_event", b"agent_event", "error", b"error", "executor_call", b"executor_call", "executor_event", b"executor_event", "heartbeat", b"heartbeat", "internal", b"internal", "operator_call", b"operator_call", "operator_event", b"operator_event", "payload", b"payload", "scheduler_call", b"scheduler_call", "scheduler_event", b"scheduler_event", "snapshot_chunk", b"snapshot_chunk", "snapshot_request", b"snapshot_request", "state_delta", b"state_delta"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_call", b"agent_call", "agent_event", b"agent_event", "epoch", b"epoch", "error", b"error", "executor_call", b"executor_call", "executor_event", b"executor_event", "heartbeat", b"heartbeat", "in_reply_to", b"in_reply_to", "internal", b"internal", "message_id", b"message_id", "operator_call", b"operator_call", "operator_event", b"operator_event", "payload", b"payload", "scheduler_call", b"scheduler_call", "scheduler_event", b"scheduler_event", "sender_id", b"sender_id", "sender_role", b"sender_role", "sent_at_us", b"sent_at_us", "snapshot_chunk", b"snapshot_chunk", "snapshot_request", b"snapshot_request", "state_delta", b"state_delta", "traceparent", b"traceparent", "tracestate", b"tracestate", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_call", b"agent_call", "agent_event", b"agent_event", "channel", b"channel", "epoch", b"epoch", "error", b"error", "executor_call", b"executor_call", "executor_event", b"executor_event", "heartbeat", b"heartbeat", "in_reply_to", b"in_reply_to", "internal", b"internal", "message_id", b"message_id", "operator_call", b"operator_call", "operator_event", b"operator_event", "payload", b"payload", "scheduler_call", b"scheduler_call", "scheduler_event", b"scheduler_event", "sender_id", b"sender_id", "sender_role", b"sender_role", "sent_at_us", b"sent_at_us", "snapshot_chunk", b"snapshot_chunk", "snapshot_request", b"snapshot_request", "state_delta", b"state_delta", "traceparent", b"traceparent", "tracestate", b"tracestate", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["heartbeat", "error", "snapshot_request", "snapshot_chunk", "state_delta", "scheduler_call", "scheduler_event", "agent_call", "agent_event", "executor_call", "executor_event", "internal", "operator_call", "operator_event"]  # noqa: Y015
     _WhichOneofArgType_payload: _TypeAlias = _typing.Literal["payload", b"payload"]  # noqa: Y015

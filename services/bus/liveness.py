@@ -85,3 +85,58 @@ class Backoff:
 
     def reset(self) -> None:
         self._next = self.initial
+
+
+# A composite peer is `routing id + CHANNEL_SEP + channel`: one endpoint (Envelope.channel)
+# inside a connection. Neither part may hold the separator (a channel never does: refused;
+# a routing id we set never does: DealerClient; ZeroMQ's own ids may, and carry no channel).
+CHANNEL_SEP = b"\x1f"
+MAX_CHANNELS = 200_000  # composite peers one ROUTER tracks; beyond: a channel is refused
+
+
+def join_peer(routing_id: bytes, channel: str) -> bytes:
+    return routing_id + CHANNEL_SEP + channel.encode() if channel else routing_id
+
+
+def valid_channel(routing_id: bytes, channel: str) -> bool:
+    return CHANNEL_SEP not in routing_id and CHANNEL_SEP.decode() not in channel
+
+
+class ChannelTable:
+    """The channels seen under each routing id of a ROUTER, so that a composite peer maps
+    back to its connection (sends, liveness) and a connection gone fans out to its channels.
+    At most `limit` composite peers in all; pruned when their connection is gone."""
+
+    def __init__(self, limit: int = MAX_CHANNELS) -> None:
+        self.limit = limit
+        self._of: dict[bytes, bytes] = {}  # composite peer -> routing id
+        self._under: dict[bytes, set[bytes]] = {}  # routing id -> its composite peers
+
+    def __len__(self) -> int:
+        return len(self._of)
+
+    def add(self, routing_id: bytes, channel: str) -> bytes | None:
+        """The composite peer of `channel` on `routing_id`; None when the table is full."""
+        peer = join_peer(routing_id, channel)
+        if peer in self._of:
+            return peer
+        if len(self._of) >= self.limit:
+            return None
+        self._of[peer] = routing_id
+        self._under.setdefault(routing_id, set()).add(peer)
+        return peer
+
+    def routing_id(self, peer: bytes) -> bytes:
+        """The connection of `peer` (a composite peer seen, else `peer` itself)."""
+        return self._of.get(peer, peer)
+
+    def channel(self, peer: bytes) -> str:
+        rid = self._of.get(peer)
+        return "" if rid is None else peer[len(rid) + len(CHANNEL_SEP):].decode()
+
+    def drop(self, routing_id: bytes) -> list[bytes]:
+        """Forget a connection's channels; returns their composite peers."""
+        peers = self._under.pop(routing_id, set())
+        for p in peers:
+            del self._of[p]
+        return sorted(peers)

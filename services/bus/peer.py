@@ -12,10 +12,19 @@ from dataclasses import dataclass, field
 
 import zmq
 
+from schemas import bus_pb2
 from services.bus import codec
 from services.bus.curve import CurveClient, CurveServer
 from services.bus.epoch import EpochFence, Verdict
-from services.bus.liveness import Backoff, Liveness, PeerTable
+from services.bus.liveness import (
+    CHANNEL_SEP,
+    MAX_CHANNELS,
+    Backoff,
+    ChannelTable,
+    Liveness,
+    PeerTable,
+    valid_channel,
+)
 from services.bus.log import get_logger
 from services.bus.reactor import Reactor, Timer
 from services.bus.stats import Stats
@@ -197,6 +206,7 @@ class _Endpoint:
         env = codec.error_envelope(code, message)
         if about is not None:
             env.in_reply_to = about.message_id
+            env.channel = about.channel  # the endpoint inside the peer that sent it
         self._send_raw(peer, env)
 
     def _send_raw(self, peer: bytes, env: codec.Envelope) -> bool:
@@ -216,7 +226,13 @@ class _Endpoint:
 
 class RouterServer(_Endpoint):
     """A bound ROUTER: delivers (peer, envelope) to `on_message`, beats every known peer
-    while idle, and reports a peer gone after `max_missed` silent intervals."""
+    while idle, and reports a peer gone after `max_missed` silent intervals.
+
+    Channels: a connection may carry many endpoints (Envelope.channel, e.g. the virtual
+    agents of the agent emulator). Such a message is delivered with the composite peer
+    `routing id + CHANNEL_SEP + channel` (services/bus/liveness.py), which `send` and
+    `last_heard` take like any peer; liveness stays per connection, and a connection gone is
+    reported for itself and then for each of its channels (at most `max_channels` in all)."""
 
     def __init__(
         self, reactor: Reactor, ctx: zmq.Context[zmq.Socket[bytes]], bind: str, sender: Sender,
@@ -225,6 +241,7 @@ class RouterServer(_Endpoint):
         fence: EpochFence | None = None, frame_limit: int = codec.DEFAULT_FRAME_LIMIT,
         curve: CurveServer | None = None, name: str = "router",
         fence_hold_s: float = FENCE_HOLD_S, fence_hold_max: int = FENCE_HOLD_MAX,
+        max_channels: int = MAX_CHANNELS,
     ) -> None:
         super().__init__(reactor, sender, stats, fence, frame_limit, name, fence_hold_s,
                          fence_hold_max)
@@ -232,6 +249,7 @@ class RouterServer(_Endpoint):
         self.on_message = on_message
         self.on_peer_gone = on_peer_gone
         self.peers = PeerTable(self.heartbeat.interval, self.heartbeat.max_missed)
+        self.channels = ChannelTable(max_channels)
         self.sock = ctx.socket(zmq.ROUTER)
         self._configure(self.sock)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # unknown peer raises, is not dropped
@@ -243,8 +261,19 @@ class RouterServer(_Endpoint):
         self._beat = reactor.every(self.heartbeat.interval / 2, self._tick)
 
     def send(self, peer: bytes, env: codec.Envelope) -> bool:
-        """Stamp and send; False (and counted) if the peer is unknown or its queue is full."""
+        """Stamp and send; False (and counted) if the peer is unknown or its queue is full.
+        A composite peer's message goes to its connection, with its channel set."""
+        channel = self.channels.channel(peer)
+        if channel:
+            env.channel = channel
+            peer = self.channels.routing_id(peer)
         return self._send_raw(peer, env)
+
+    def last_heard(self, peer: bytes) -> float | None:
+        """When `peer`'s connection (a composite peer's too) was last heard from (reactor
+        clock), or None when it is not known (never heard, or gone)."""
+        live = self.peers.peers.get(self.channels.routing_id(peer))
+        return None if live is None else live.last_heard
 
     def _send_raw(self, peer: bytes, env: codec.Envelope) -> bool:
         self.sender.stamp(env)
@@ -283,7 +312,29 @@ class RouterServer(_Endpoint):
             if new:  # answer at once so a (re)connecting client learns we are alive
                 self._send_heartbeat(peer)
             return
+        if env.channel:
+            composite = self._channel_peer(peer, env)
+            if composite is None:
+                return
+            peer = composite
         self.on_message(peer, env)
+
+    def _channel_peer(self, peer: bytes, env: codec.Envelope) -> bytes | None:
+        """The composite peer of a message with a channel; None (counted, answered) when the
+        channel is malformed or the channel table is full."""
+        if not valid_channel(peer, env.channel):
+            self.stats.inc("frames_dropped{reason=bad_channel}")
+            self._reply_error(peer, bus_pb2.INVALID, f"a channel (and the routing id of a "
+                              f"connection with channels) may not hold {CHANNEL_SEP!r}", env)
+            return None
+        composite = self.channels.add(peer, env.channel)
+        if composite is None:
+            self.stats.inc("frames_dropped{reason=channels_full}")
+            log.warning("channel refused: table full", socket=self.name,
+                        peer=peer.decode(errors="replace"), limit=self.channels.limit)
+            self._reply_error(peer, bus_pb2.INTERNAL, f"{self.name} tracks "
+                              f"{self.channels.limit} channels already", env)
+        return composite
 
     def _send_heartbeat(self, peer: bytes) -> None:
         env = codec.Envelope()
@@ -296,11 +347,23 @@ class RouterServer(_Endpoint):
         due, gone = self.peers.tick(self.reactor.now())
         for peer in gone:
             self.stats.inc("peers_lost")
-            log.info("peer gone", socket=self.name, peer=peer.decode(errors="replace"))
+            channels = self.channels.drop(peer)
+            log.info("peer gone", socket=self.name, peer=peer.decode(errors="replace"),
+                     channels=len(channels))
             if self.on_peer_gone is not None:
-                self.on_peer_gone(peer)
+                for p in [peer, *channels]:
+                    self._peer_gone(p)
         for peer in due:
             self._send_heartbeat(peer)
+
+    def _peer_gone(self, peer: bytes) -> None:
+        assert self.on_peer_gone is not None
+        try:
+            self.on_peer_gone(peer)
+        except Exception as exc:  # one handler's bug never hides the other channels' loss
+            self.stats.inc("handler_errors{handler=peer_gone}")
+            log.error("peer-gone handler failed", socket=self.name,
+                      peer=peer.decode(errors="replace"), error=repr(exc), exc_info=True)
 
     def close(self) -> None:
         self._stop_fencing()
@@ -353,7 +416,11 @@ class DealerClient(_Endpoint):
         self.endpoint = None
         self._close_socket()
 
-    def send(self, env: codec.Envelope) -> bool:
+    def send(self, env: codec.Envelope, channel: str = "") -> bool:
+        """Stamp and send; `channel`: the endpoint of this process that sends (the server
+        answers it on the same channel; received envelopes keep theirs)."""
+        if channel:
+            env.channel = channel
         if self.sock is None:
             self.stats.inc("frames_unsent{reason=not_connected}")
             return False
@@ -381,9 +448,10 @@ class DealerClient(_Endpoint):
         assert self.endpoint is not None
         sock = self.ctx.socket(zmq.DEALER)
         self._configure(sock)
-        # A readable routing id helps when reading a server's logs.
-        sock.setsockopt(zmq.ROUTING_ID,
-                        f"{self.sender.sender_id}/{os.urandom(3).hex()}".encode()[:255])
+        # A readable routing id helps when reading a server's logs (never a channel
+        # separator in it: services/bus/liveness.py).
+        rid = f"{self.sender.sender_id}/{os.urandom(3).hex()}".encode()
+        sock.setsockopt(zmq.ROUTING_ID, rid.replace(CHANNEL_SEP, b"")[:255])
         if self.curve is not None:
             self.curve.apply(sock)
         sock.connect(self.endpoint)

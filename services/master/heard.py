@@ -1,7 +1,7 @@
 """The master shell's side of agent liveness: after each reactor wake-up (its sockets read),
-tell the core when each agent connection was last heard from, heartbeats included (the bus
-consumes those), and whether the front socket was drained first (only then is the report
-evidence of silence: liveness.py)."""
+tell the core when each agent connection (or channel: a virtual agent of the emulator) was
+last heard from, heartbeats included (the bus consumes those), and whether the front socket
+was drained first (only then is the report evidence of silence: liveness.py)."""
 
 from __future__ import annotations
 
@@ -53,16 +53,15 @@ class LivenessReporter:
         self._reported_at = mono
         complete = not int(self.front.sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN
         wall = self.driver.now()
-        table = self.front.peers.peers
         heard: dict[bytes, float] = {}
         last: dict[bytes, float] = {}
-        for peer in core.watched_peers():
-            live = table.get(peer)
-            if live is None:
+        for peer in core.watched_peers():  # an agent's connection, or its channel on one
+            at = self.front.last_heard(peer)
+            if at is None:
                 continue
-            last[peer] = live.last_heard
-            if self._last.get(peer) != live.last_heard:
-                heard[peer] = wall - (mono - live.last_heard)
+            last[peer] = at
+            if self._last.get(peer) != at:
+                heard[peer] = wall - (mono - at)
         self._last = last
         self.reports += 1
         self.incomplete += not complete

@@ -1,0 +1,459 @@
+"""Scale figures through the real services (issue 8): a local cluster on its own ZooKeeper
+(`offerbus up --standbys 1 --agents 0`: two of each central service) and the agent emulator
+(services/emulator) hosting N virtual agents on one connection. Per N:
+
+- registration: the emulator started -> all N agents registered (its window of outstanding
+  registrations at its default).
+- (b) subscribe_to_running: a new framework (the SDK) subscribes -> its single task RUNNING
+  (3 frameworks one after the other; each torn down before the next).
+- (c) launch_rate: one framework (the SDK, the framework emulator's policy) launches
+  N x TASKS_PER_AGENT tasks as offers come; tasks reported RUNNING per second, from its
+  first offer to the last RUNNING.
+- (d) failover: SIGKILL of the leading master with those tasks running -> the standby leads,
+  every agent re-registered and every task known RUNNING again (the new master's metrics).
+
+Where the time goes: CPU seconds each process spent per phase (/proc/<pid>/stat), so a
+phase's wall time can be set against the process that was busy. Ratios are against the
+smallest N measured in the same run; with --rounds > 1 the sizes take turns going first.
+
+`python -m bench scale` (sizes from OFFERBUS_BENCH_AGENTS, default 1000,10000) or
+`python -m bench.scale --agents 1000,10000,50000 --tasks-per-agent 10`."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import pstats
+import shutil
+import signal
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench.report import progress, write
+from frameworks.sdk.driver import SchedulerDriver
+from frameworks.sdk.scheduler import MasterInfo, Scheduler
+from schemas import common_pb2
+from services import tasks
+from services.bus.election import detector_from_url
+from services.cli import cluster as local_cluster
+from services.emulator.frameworks import EmulatedFramework, OfferPolicy, Shape
+from services.resources import Resources
+
+SIZES = (1000, 10_000)
+TASKS_PER_AGENT = 10
+SUBSCRIBE_TRIALS = 3
+HEARTBEAT = 1.0
+PHASES = ("registration", "subscribe_to_running", "launch", "failover")
+SERVICES = ("master", "master-2", "allocator", "allocator-2", "broker", "broker-2",
+            "emulator")
+T = TypeVar("T")
+# Not work: waiting in poll or on a lock, and importing (profiles start at interpreter start).
+WAITING = ("poll", "acquire", "compile", "marshal", "exec", "_imp.", "create_dynamic")
+
+
+def _wait(predicate: Callable[[], T | None], timeout: float, what: str,
+          interval: float = 0.2) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            value = predicate()
+        except OSError:
+            value = None
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} (after {timeout:g}s)")
+        time.sleep(interval)  # polling a condition with a deadline
+
+
+def _get(url: str, timeout: float = 30.0) -> bytes:
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.read()
+
+
+def gauges(url: str, name: str) -> dict[str, float]:
+    """A labelled gauge of a service's /metrics, by its one label's value."""
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(_get(url + "/metrics").decode()):
+        if family.name == name:
+            for s in family.samples:
+                out[next(iter(s.labels.values()), "")] = s.value
+    return out
+
+
+def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
+    """utime + stime of each process so far."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for name, pid in pids.items():
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[name] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+class OneTask(Scheduler):
+    """Launches one task on its first offer and declines the rest for an hour (launches it
+    again if it ended without running: an accept voided by a disconnection)."""
+
+    def __init__(self) -> None:
+        self.subscribed_at = self.offered_at = self.running_at = 0.0
+        self.launched = False
+        self.relaunches = 0
+
+    def subscribed(self, driver: SchedulerDriver, framework_id: str,
+                   master_info: MasterInfo) -> None:
+        self.subscribed_at = self.subscribed_at or time.monotonic()
+
+    def offers(self, driver: SchedulerDriver, offers: list[common_pb2.Offer]) -> None:
+        rest = [o.offer_id for o in offers]
+        if not self.launched:
+            self.launched, self.offered_at = True, time.monotonic()
+            o = offers[0]
+            rest.remove(o.offer_id)
+            t = common_pb2.TaskInfo(task_id="one", name="one", agent_id=o.agent_id)
+            t.resources.extend(Resources.of(cpus=0.1, mem=32).to_proto())
+            t.command.value = "true"
+            op = common_pb2.Operation()
+            op.launch.tasks.append(t)
+            driver.accept([o.offer_id], [op])
+        if rest:
+            driver.decline(rest, refuse_seconds=3600)
+
+    def update(self, driver: SchedulerDriver, status: common_pb2.TaskStatus) -> None:
+        if status.state == tasks.RUNNING and not self.running_at:
+            self.running_at = time.monotonic()
+        elif tasks.is_terminal(status.state) and not self.running_at:
+            self.launched = False
+            self.relaunches += 1
+
+    def running(self) -> float:
+        return self.running_at
+
+
+class Launcher(EmulatedFramework):
+    """The framework emulator's scheduler, timing its first offer and its last RUNNING."""
+
+    def __init__(self, policy: OfferPolicy, total: int) -> None:
+        super().__init__(policy)
+        self.total = total
+        self.first_offer_at = self.all_running_at = 0.0
+
+    def offers(self, driver: SchedulerDriver, offers: list[common_pb2.Offer]) -> None:
+        self.first_offer_at = self.first_offer_at or time.monotonic()
+        super().offers(driver, offers)
+
+    def update(self, driver: SchedulerDriver, status: common_pb2.TaskStatus) -> None:
+        super().update(driver, status)
+        if not self.all_running_at and self.states["TASK_RUNNING"] >= self.total:
+            self.all_running_at = time.monotonic()
+
+
+def framework_info(name: str) -> common_pb2.FrameworkInfo:
+    info = common_pb2.FrameworkInfo(name=name, role="*", principal=name,
+                                    failover_timeout_s=3600)
+    info.capabilities.append(common_pb2.FrameworkInfo.CAPABILITY_PARTITION_AWARE)
+    return info
+
+
+class Run:
+    """One cluster, N virtual agents, every phase."""
+
+    def __init__(self, agents: int, tasks_per_agent: int, window: int | None) -> None:
+        self.n, self.per_agent, self.window = agents, tasks_per_agent, window
+        self.run_dir = Path(tempfile.mkdtemp(prefix=f"offerbus-bench-scale-{agents}-"))
+        self.url = ""
+        self.row: dict[str, Any] = {"agents": agents, "tasks": agents * tasks_per_agent,
+                                    "cpu_s": {}}
+        self._cpu_at: dict[str, float] = {}
+
+    def pids(self) -> dict[str, int]:
+        return {k: v for k, v in local_cluster.running(self.run_dir).items() if k in SERVICES}
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[list[float]]:
+        """Times a phase (yields [start]; [start, seconds] after) and records each
+        process's CPU seconds in it, also when it fails."""
+        before = cpu_seconds(self.pids())
+        timing = [time.monotonic()]
+        try:
+            yield timing
+        finally:
+            timing.append(time.monotonic() - timing[0])
+            now = cpu_seconds(self.pids())
+            self.row["cpu_s"][name] = {k: round(v - before.get(k, 0.0), 2)
+                                       for k, v in now.items() if v - before.get(k, 0) > 0.05}
+
+    def master_http(self) -> str:
+        detector = detector_from_url(self.url, "master")
+        detector.start()
+        try:
+            leader = detector.wait_for_leader(10.0)
+        finally:
+            detector.close()
+        assert leader is not None, "no leading master"
+        return leader.endpoints["http"]
+
+    def emulator_http(self) -> str:
+        log = (self.run_dir / "logs" / "emulator.log").read_text()
+        for line in log.splitlines():
+            if "agent emulator started" in line:
+                return line.split("http=", 1)[1].split()[0]
+        raise OSError("the emulator has not started yet")
+
+    def emulator_state(self) -> dict[str, Any]:
+        state: dict[str, Any] = json.loads(_get(self.emulator_http() + "/state"))
+        return state
+
+    def run(self) -> dict[str, Any]:
+        self.url = local_cluster.up(local_cluster.UpOptions(
+            run_dir=self.run_dir, agents=0, standbys=1, offer_timeout=3600,
+            heartbeat=HEARTBEAT, timeout=120))
+        self.registration()
+        self.subscribe_to_running()
+        driver = self.launch()
+        try:
+            self.failover()
+        finally:
+            driver.stop(failover=True)  # the cluster goes down next: no mass kill first
+            driver.join(10)
+        return self.row
+
+    def registration(self) -> None:
+        argv = ["-m", "services.emulator", "agents", "--cluster", self.url, "--count",
+                str(self.n), "--heartbeat", str(HEARTBEAT)]
+        if self.window:
+            argv += ["--window", str(self.window)]
+        with self.phase("registration") as timing:
+            local_cluster.spawn(self.run_dir, "emulator", argv)
+            try:
+                _wait(lambda: self.emulator_state()["agents"].get("registered") == self.n,
+                      60 + self.n / 50, f"{self.n} agents registered")
+            except TimeoutError as exc:
+                raise TimeoutError(f"{exc}: {self.emulator_state()['agents']}") from None
+        took = timing[1]
+        registered = gauges(self.master_http(), "offerbus_master_agents")
+        assert registered.get("AGENT_STATUS_REGISTERED") == self.n, registered
+        self.row["registration_s"] = took
+        progress(f"{self.n} agents: all registered in {took:.2f}s ({self.n / took:.0f}/s)")
+
+    def subscribe_to_running(self) -> None:
+        samples: list[float] = []
+        offers: list[float] = []
+        with self.phase("subscribe_to_running"):
+            for i in range(SUBSCRIBE_TRIALS):
+                self._one_task(i, samples, offers)
+        self.row["subscribe_to_running_s"] = sorted(samples)
+        self.row["subscribe_to_offer_s"] = sorted(offers)
+
+    def _one_task(self, i: int, samples: list[float], offers: list[float]) -> None:
+        """One framework subscribes and runs its single task."""
+        sched = OneTask()
+        driver = SchedulerDriver(sched, framework_info(f"one-{i}"), self.url)
+        driver.start()
+        try:
+            _wait(sched.running, 120, "the single task RUNNING", 0.01)
+        finally:
+            driver.stop(failover=False)
+            driver.join(10)
+        if sched.relaunches:
+            progress(f"{self.n} agents: the single task was launched again "
+                     f"{sched.relaunches} time(s)")
+        samples.append(sched.running_at - sched.subscribed_at)
+        offers.append(sched.offered_at - sched.subscribed_at)
+        progress(f"{self.n} agents: subscribed -> first offer {offers[-1]:.3f}s, "
+                 f"-> RUNNING {samples[-1]:.3f}s")
+
+    def launch(self) -> SchedulerDriver:
+        total = self.n * self.per_agent
+        policy = OfferPolicy("load", Shape(0.1, 32), 1.0, tasks_per_offer=self.per_agent,
+                             max_tasks=total, refuse_s=3600)
+        sched = Launcher(policy, total)
+        driver = SchedulerDriver(sched, framework_info("load"), self.url)
+        try:
+            with self.phase("launch"):
+                driver.start()
+                _wait(lambda: sched.all_running_at, 60 + total / 50,
+                      f"{total} tasks RUNNING", 0.05)
+        except TimeoutError:
+            progress(f"launch: {sched.summary()}")
+            driver.stop(failover=True)
+            driver.join(10)
+            raise
+        took = sched.all_running_at - sched.first_offer_at
+        self.row["launch_s"] = took
+        self.row["launch_rate"] = total / took
+        progress(f"{self.n} agents: {total} tasks RUNNING in {took:.2f}s "
+                 f"({total / took:.0f}/s)")
+        return driver
+
+    def failover(self) -> None:
+        total = self.n * self.per_agent
+        old = self.master_http()
+        name = next(n for n, pid in self.pids().items()
+                    if n.startswith("master") and local_cluster.member_id_of(
+                        self.run_dir, n) == self._leader_id())
+        pid = self.pids()[name]
+        def new_leader() -> str | None:
+            http = self.master_http()
+            return http if http != old else None
+
+        with self.phase("failover") as timing:
+            os.kill(pid, signal.SIGKILL)
+            new = _wait(new_leader, 60, "a new leader")
+            led = time.monotonic() - timing[0]
+
+            def recovered() -> bool:
+                """Every agent registered with the new master, which knows every task the
+                agents run (at least `total`: a replaced launch may have added some)."""
+                agents = gauges(new, "offerbus_master_agents")
+                running = gauges(new, "offerbus_master_tasks").get("TASK_RUNNING", 0)
+                truth = self.emulator_state()["running"]
+                return (agents.get("AGENT_STATUS_REGISTERED") == self.n
+                        and running == truth >= total)
+            _wait(recovered, 120 + self.n / 20, "every agent re-registered, every task known")
+        took = timing[1]
+        self.row["failover_leader_s"] = led
+        self.row["failover_s"] = took
+        progress(f"{self.n} agents x {self.per_agent} tasks: master SIGKILL -> new leader "
+                 f"{led:.2f}s, all re-registered with their tasks {took:.2f}s")
+
+    def _leader_id(self) -> str:
+        detector = detector_from_url(self.url, "master")
+        detector.start()
+        try:
+            leader = detector.wait_for_leader(10.0)
+        finally:
+            detector.close()
+        assert leader is not None
+        return leader.member_id
+
+    def down(self, ok: bool, keep: bool = False) -> None:
+        local_cluster.down(self.run_dir)
+        if ok and not keep:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+        else:
+            print(f"bench scale: failed; logs in {self.run_dir / 'logs'}")
+
+
+def profiling_on(run_dir: Path) -> dict[str, str]:
+    """Make the processes started from now on profile themselves (bench/profiling); returns
+    the environment to restore."""
+    saved = dict(os.environ)
+    here = str(Path(__file__).parent / "profiling")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [here,
+                                                             os.environ.get("PYTHONPATH")]))
+    os.environ["OFFERBUS_PROFILE_DIR"] = str(run_dir / "profiles")
+    return saved
+
+
+def profile_summary(profiles: Path, top: int = 8) -> dict[str, list[list[Any]]]:
+    """Per process: its `top` functions by own time (seconds, calls, where)."""
+    out: dict[str, list[list[Any]]] = {}
+    for path in sorted(profiles.glob("*.prof")):
+        stats = pstats.Stats(str(path))
+        rows = sorted(((k, v) for k, v in stats.stats.items()  # type: ignore[attr-defined]
+                       if not any(w in k[2] for w in WAITING)),
+                      key=lambda kv: -kv[1][2])[:top]
+        out[path.stem.rsplit("-", 1)[0]] = [
+            [round(tt, 2), nc, f"{Path(fn).name}:{line} {func}"]
+            for (fn, line, func), (_cc, nc, tt, _ct, _callers) in rows]
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench.scale", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    env = os.environ.get("OFFERBUS_BENCH_AGENTS", "")
+    ap.add_argument("--agents", default=env or ",".join(map(str, SIZES)),
+                    help="comma-separated numbers of virtual agents")
+    ap.add_argument("--tasks-per-agent", type=int, default=TASKS_PER_AGENT)
+    ap.add_argument("--window", type=int, default=0,
+                    help="the emulator's registration window (0: its default)")
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--profile", action="store_true",
+                    help="profile every service's reactor (cProfile, bench/profiling) and "
+                         "print where each spent its time (a SIGKILLed master leaves none)")
+    args = ap.parse_args(argv if argv is not None else [])
+    sizes = [int(x) for x in args.agents.split(",") if x]
+    print(f"bench scale: {sizes} virtual agents x {args.tasks_per_agent} tasks, "
+          f"{args.rounds} round(s)")
+    rows: list[dict[str, Any]] = []
+    started = time.monotonic()
+    for r in range(args.rounds):
+        order = sizes[r % len(sizes):] + sizes[:r % len(sizes)]
+        for n in order:
+            run = Run(n, args.tasks_per_agent, args.window or None)
+            ok = False
+            saved = profiling_on(run.run_dir) if args.profile else None
+            run.row["round"] = r
+            rows.append(run.row)
+            try:
+                run.run()
+                ok = True
+            except (TimeoutError, AssertionError) as exc:
+                progress(f"{n} agents: FAILED ({exc})")
+                run.row["failed"] = str(exc)
+            finally:
+                if saved is not None:
+                    os.environ.clear()
+                    os.environ.update(saved)
+                run.down(ok, keep=args.profile)
+                if args.profile:
+                    run.row["profile"] = profile_summary(run.run_dir / "profiles")
+    report(rows, {"sizes": sizes, "tasks_per_agent": args.tasks_per_agent,
+                  "rounds": args.rounds, "heartbeat_s": HEARTBEAT,
+                  "seconds_total": time.monotonic() - started})
+
+
+def report(rows: list[dict[str, Any]], config: dict[str, Any]) -> None:
+    done = [r for r in rows if "failed" not in r]
+    base = min(done, key=lambda r: r["agents"]) if done else None
+    print(f"\n{'agents':>7} {'tasks':>7} {'register':>9} {'agents/s':>9} {'sub->run':>9} "
+          f"{'tasks/s':>8} {'failover':>9} {'x base (reg, sub, rate, failover)':>36}")
+    for r in rows:
+        if "failed" in r:
+            print(f"{r['agents']:>7}  FAILED: {r['failed']}")
+            continue
+        sub = r["subscribe_to_running_s"][len(r["subscribe_to_running_s"]) // 2]
+        ratios = "-"
+        if base is not None and base is not r:
+            bsub = base["subscribe_to_running_s"][len(base["subscribe_to_running_s"]) // 2]
+            ratios = (f"{r['registration_s'] / base['registration_s']:.1f}x "
+                      f"{sub / bsub:.1f}x {r['launch_rate'] / base['launch_rate']:.2f}x "
+                      f"{r['failover_s'] / base['failover_s']:.1f}x")
+        print(f"{r['agents']:>7} {r['tasks']:>7} {r['registration_s']:>8.2f}s "
+              f"{r['agents'] / r['registration_s']:>9.0f} {sub:>8.3f}s "
+              f"{r['launch_rate']:>8.0f} {r['failover_s']:>8.2f}s {ratios:>36}")
+    print("\nwhere the time goes (CPU seconds per process, per phase):")
+    for r in rows:
+        for phase in PHASES:
+            cpu = r["cpu_s"].get(phase)
+            if cpu:
+                busiest = ", ".join(f"{k} {v:.1f}" for k, v in
+                                    sorted(cpu.items(), key=lambda kv: -kv[1]))
+                print(f"  {r['agents']:>6} {phase:<21} {busiest}")
+    for r in rows:
+        for proc, fns in r.get("profile", {}).items():
+            if proc.startswith(("master", "allocator", "broker", "emulator")) and fns:
+                print(f"  {r['agents']:>6} {proc}: own time by function (s, calls):")
+                for tt, nc, where in fns[:5]:
+                    print(f"           {tt:>7.2f} {nc:>9} {where}")
+    print(f"({config['seconds_total']:.0f}s in all)")
+    print(f"results: {write('scale', {'config': config, 'rows': rows})}")
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1:])
