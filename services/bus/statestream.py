@@ -35,6 +35,10 @@ from services.bus.stream_core import (
 
 log = get_logger("bus.statestream")
 SNAPSHOT_RETRY = 0.05  # seconds before asking again after a refused snapshot request
+# A snapshot not answered within the subscriber's patience is asked again, and the
+# patience doubles, up to this many times the configured timeout (a publisher busy
+# building snapshots must not be sent more of them); it is reset once synced.
+SNAPSHOT_PATIENCE_MAX = 16
 
 
 class StatePublisher:
@@ -177,6 +181,7 @@ class StateSubscriber:
         self.curve = curve
         self.silence_limit = heartbeat_interval * max_missed
         self.snapshot_timeout = snapshot_timeout
+        self._patience = snapshot_timeout  # doubles after each timeout (SNAPSHOT_PATIENCE_MAX)
         self.core = SubscriberCore(prefix=prefix)
         self.sub: zmq.Socket[bytes] | None = None
         self.snapshots = DealerClient(
@@ -213,6 +218,7 @@ class StateSubscriber:
         self.snapshots.connect(snapshot_endpoint)
         self._last_heard = self.reactor.now()
         self._retry = SNAPSHOT_RETRY
+        self._patience = self.snapshot_timeout
         self._run(self.core.start())
 
     def _run(self, outputs: list[Changed | RequestSnapshot]) -> None:
@@ -230,12 +236,16 @@ class StateSubscriber:
         self.snapshots.send(env)
         if self._snapshot_due is not None:
             self._snapshot_due.cancel()
-        self._snapshot_due = self.reactor.call_later(self.snapshot_timeout, self._snapshot_late)
+        self._snapshot_due = self.reactor.call_later(self._patience, self._snapshot_late)
 
     def _snapshot_late(self) -> None:
         self._snapshot_due = None
         if not self.synced:
-            self._run(self.core.resync("snapshot timed out"))
+            self.stats.inc("snapshots_late")
+            self._patience = min(2 * self._patience,
+                                 SNAPSHOT_PATIENCE_MAX * self.snapshot_timeout)
+            self._run(self.core.resync(f"snapshot timed out; next patience "
+                                       f"{self._patience:g}s"))
 
     def _on_readable(self) -> None:
         sub = self.sub
@@ -280,6 +290,7 @@ class StateSubscriber:
                 self._snapshot_due.cancel()
                 self._snapshot_due = None
                 self._retry = SNAPSHOT_RETRY
+                self._patience = self.snapshot_timeout
         elif kind == "error":
             log.warning("snapshot endpoint error", message=env.error.message)
             if not self.synced and self._snapshot_due is not None:

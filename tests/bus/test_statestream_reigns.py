@@ -100,3 +100,45 @@ def test_a_fenced_subscriber_takes_only_the_elected_publishers_stream(
     finally:
         sub.close()
         pub.close()
+
+
+def test_a_publisher_too_busy_to_answer_is_asked_ever_less_often(
+    ctx: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    """A master busy for seconds (a snapshot of 100,000 entries, a registration storm) got a
+    new snapshot request every snapshot timeout from each subscriber, each one more
+    snapshot to build: the subscriber backs off, doubling its patience after each timeout."""
+    reactor = Reactor()
+    silent = ctx.socket(zmq.ROUTER)  # a snapshot endpoint that never answers
+    silent.bind("tcp://127.0.0.1:*")
+    pub = ctx.socket(zmq.PUB)
+    pub.bind("tcp://127.0.0.1:*")
+    requests: list[float] = []
+
+    def on_request() -> None:
+        while True:
+            try:
+                frames = silent.recv_multipart(flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            env = codec.decode(frames[-1])
+            if env.WhichOneof("payload") == "snapshot_request":
+                requests.append(reactor.now())
+
+    reactor.add_reader(silent, on_request)
+    sub = StateSubscriber(reactor, ctx, Sender("a1", ALLOCATOR), lambda c: None,
+                          heartbeat_interval=0.1, max_missed=100, snapshot_timeout=0.4)
+    try:
+        sub.connect(pub.getsockopt_string(zmq.LAST_ENDPOINT),
+                    silent.getsockopt_string(zmq.LAST_ENDPOINT))
+        start = reactor.now()
+        reactor.run(until=lambda: reactor.now() - start > 3.1, timeout=10)
+        gaps = [round(b - a, 1) for a, b in zip(requests, requests[1:])]
+        # Fixed patience: a request every 0.4 s (8 in 3.1 s); doubling: 0, 0.4, 1.2, 2.8.
+        assert len(requests) <= 4, gaps
+        assert all(b > a * 1.5 for a, b in zip(gaps, gaps[1:])), gaps
+    finally:
+        sub.close()
+        reactor.remove_reader(silent)
+        silent.close(linger=0)
+        pub.close(linger=0)
