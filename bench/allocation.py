@@ -1,0 +1,243 @@
+"""The allocator core's allocation cycle, in process, in Mesos's benchmark shape
+(HierarchicalAllocator_BENCHMARK_Test "DeclineOffers"): N agents, F frameworks of role '*',
+every framework declines every offer it gets, with a filter: the default refuse time (5 s)
+or a long one (a year). Per size and filter, timed are `allocate(now)` calls only:
+
+- first: the cycle after every agent and framework was added (each agent offered whole);
+- decline: rounds of "every outstanding offer declined, the clock 1 s on, one cycle"
+  (ROUNDS of them; the 5 s filters of the first rounds expire in the later ones);
+- steady: one more cycle at once, nothing changed since the last (the offers are held);
+- saturated: every framework filtered on every agent (a year), one cycle to see it, then
+  a steady one (only where N x F <= SATURATED_MAX: a filter object each).
+
+Peers measured in the same run, taking turns going first: `full` (the core visiting every
+agent and framework each cycle, as the pre-incremental algorithm did) and `incremental`
+(the default: a cycle visits only what changed). The figures of the code before this
+benchmark's change, measured by this file at that commit, are listed as "baseline".
+Also reported: the core's memory per agent, per framework and per filter (tracemalloc).
+
+`python -m bench allocation` runs 1k/10k/50k agents x 100/1,000 frameworks;
+OFFERBUS_BENCH_ALLOCATION=quick (or `python -m bench.allocation --quick`) runs 1k/10k only,
+and e.g. OFFERBUS_BENCH_ALLOCATION=10000x1000,1000x100 names the sizes."""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import sys
+import time
+import tracemalloc
+from typing import Any
+
+from bench.report import progress, write
+from services.allocator.core import AllocatorCore
+from services.resources import Resources
+
+SIZES = ((1000, 100), (1000, 1000), (10000, 100), (10000, 1000), (50000, 100), (50000, 1000))
+QUICK = ((1000, 100), (1000, 1000), (10000, 100), (10000, 1000))
+FILTERS = {"default": None, "long": 365 * 24 * 3600.0}  # refuse_seconds of every decline
+ROUNDS = 8  # decline rounds per size and filter
+SATURATED_MAX = 1_000_000  # filters a saturated run may hold
+TARGET = (10000, 1000, 0.250)  # issue 8 (a): <= 250 ms at 10k agents x 1k frameworks
+AGENT = Resources.parse("cpus:24;mem:65536;disk:409600;ports:[31000-32000]")
+INTERVAL = 1.0  # the clock between decline rounds (the shell's sweep)
+PEERS = ("full", "incremental")
+MEMORY_SIZE = (10000, 1000)
+
+# Measured by this file (peer "baseline" = AllocatorCore() as it was) at the commit named,
+# before the incremental cycle: seconds per allocate() call (p50 over the calls).
+BASELINE: dict[str, Any] = {"commit": "", "figures": {}}
+
+
+def make_core(peer: str) -> AllocatorCore:
+    if peer == "baseline":
+        return AllocatorCore()
+    return AllocatorCore(incremental=peer == "incremental")
+
+
+def populate(core: AllocatorCore, agents: int, frameworks: int) -> None:
+    for i in range(agents):
+        core.agent_added(f"agent-{i:05}", f"host-{i:05}", AGENT)
+    for j in range(frameworks):
+        core.framework_added(f"fw-{j:04}", "*")
+
+
+def timed(core: AllocatorCore, now: float) -> tuple[float, Any]:
+    t = time.perf_counter()
+    cycle = core.allocate(now)
+    return time.perf_counter() - t, cycle
+
+
+def decline_all(core: AllocatorCore, cycle: Any, refuse: float | None, now: float) -> None:
+    for a in cycle.allocations:
+        core.recover(a.agent_id, a.framework_id, a.resources, refuse, now)
+
+
+def run_decline(peer: str, agents: int, frameworks: int, refuse: float | None
+                ) -> dict[str, Any]:
+    core = make_core(peer)
+    populate(core, agents, frameworks)
+    now = 1000.0
+    first, cycle = timed(core, now)
+    rounds: list[float] = []
+    offers: list[int] = [len(cycle.allocations)]
+    for _ in range(ROUNDS):
+        decline_all(core, cycle, refuse, now)
+        now += INTERVAL
+        took, cycle = timed(core, now)
+        rounds.append(took)
+        offers.append(len(cycle.allocations))
+    steady, again = timed(core, now)
+    assert not again.allocations, "a steady cycle allocated"
+    del core
+    gc.collect()
+    return {"first_s": first, "decline_s": rounds, "decline_p50_s": statistics.median(rounds),
+            "decline_max_s": max(rounds), "steady_s": steady, "offers_per_cycle": offers}
+
+
+def run_saturated(peer: str, agents: int, frameworks: int) -> dict[str, Any]:
+    core = make_core(peer)
+    populate(core, agents, frameworks)
+    now = 1000.0
+    until = now + FILTERS["long"]  # type: ignore[operator]
+    for j in range(frameworks):
+        for i in range(agents):
+            core.refuse(f"fw-{j:04}", f"agent-{i:05}", until, AGENT)
+    first, cycle = timed(core, now)
+    assert not cycle.allocations
+    steady, _ = timed(core, now + INTERVAL)
+    del core
+    gc.collect()
+    return {"first_s": first, "steady_s": steady}
+
+
+def memory(agents: int, frameworks: int, peer: str = "incremental") -> dict[str, float]:
+    """Bytes the core holds per agent, per framework and per decline filter."""
+    gc.collect()
+    tracemalloc.start()
+    base = tracemalloc.take_snapshot()
+    core = make_core(peer)
+    for i in range(agents):
+        core.agent_added(f"agent-{i:05}", f"host-{i:05}", AGENT)
+    with_agents = tracemalloc.take_snapshot()
+    for j in range(frameworks):
+        core.framework_added(f"fw-{j:04}", "*")
+    with_frameworks = tracemalloc.take_snapshot()
+    cycle = core.allocate(1000.0)
+    decline_all(core, cycle, FILTERS["long"], 1000.0)
+    with_filters = tracemalloc.take_snapshot()
+    tracemalloc.stop()
+
+    def grew(a: tracemalloc.Snapshot, b: tracemalloc.Snapshot) -> int:
+        return sum(s.size_diff for s in b.compare_to(a, "filename"))
+
+    n_filters = len(cycle.allocations)
+    out = {"agents": agents, "frameworks": frameworks, "filters": n_filters,
+           "bytes_per_agent": grew(base, with_agents) / agents,
+           "bytes_per_framework": grew(with_agents, with_frameworks) / frameworks,
+           "bytes_per_filter": grew(with_frameworks, with_filters) / max(1, n_filters)}
+    del core, cycle
+    gc.collect()
+    return out
+
+
+def sizes_from_env() -> tuple[tuple[int, int], ...]:
+    spec = os.environ.get("OFFERBUS_BENCH_ALLOCATION", "").strip()
+    if not spec:
+        return SIZES
+    if spec == "quick":
+        return QUICK
+    out = []
+    for part in spec.split(","):
+        n, f = part.lower().split("x")
+        out.append((int(n), int(f)))
+    return tuple(out)
+
+
+def main(sizes: tuple[tuple[int, int], ...] | None = None,
+         peers: tuple[str, ...] = PEERS) -> dict[str, Any]:
+    sizes = sizes or sizes_from_env()
+    print(f"bench allocation: {', '.join(f'{n}x{f}' for n, f in sizes)} (agents x "
+          f"frameworks), peers {', '.join(peers)}, {ROUNDS} decline rounds")
+    started = time.monotonic()
+    runs: list[dict[str, Any]] = []
+    turn = 0
+    for n, f in sizes:
+        for kind, refuse in FILTERS.items():
+            order = peers[turn % len(peers):] + peers[:turn % len(peers)]
+            turn += 1
+            for peer in order:
+                row = {"agents": n, "frameworks": f, "filter": kind, "peer": peer,
+                       **run_decline(peer, n, f, refuse)}
+                runs.append(row)
+                progress(f"{n}x{f} {kind:<7} {peer:<11} first {row['first_s'] * 1e3:8.1f} ms"
+                         f"  decline p50 {row['decline_p50_s'] * 1e3:8.1f} ms"
+                         f"  steady {row['steady_s'] * 1e3:8.3f} ms")
+        if n * f <= SATURATED_MAX:
+            order = peers[turn % len(peers):] + peers[:turn % len(peers)]
+            turn += 1
+            for peer in order:
+                row = {"agents": n, "frameworks": f, "filter": "saturated", "peer": peer,
+                       **run_saturated(peer, n, f)}
+                runs.append(row)
+                progress(f"{n}x{f} saturated {peer:<11} first {row['first_s'] * 1e3:8.1f} ms"
+                         f"  steady {row['steady_s'] * 1e3:8.3f} ms")
+    mem = memory(*MEMORY_SIZE, peer=peers[-1])
+    progress(f"memory at {MEMORY_SIZE[0]}x{MEMORY_SIZE[1]}: {mem['bytes_per_agent']:.0f} "
+             f"B/agent, {mem['bytes_per_framework']:.0f} B/framework, "
+             f"{mem['bytes_per_filter']:.0f} B/filter")
+    results = {"config": {"rounds": ROUNDS, "interval_s": INTERVAL, "agent": str(AGENT),
+                          "filters_s": FILTERS, "saturated_max": SATURATED_MAX,
+                          "target": {"agents": TARGET[0], "frameworks": TARGET[1],
+                                     "decline_p50_s": TARGET[2]}},
+               "peers": list(peers), "runs": runs, "memory": mem,
+               "baseline": BASELINE, "seconds_total": time.monotonic() - started}
+    report(runs, peers)
+    path = write("allocation" if "baseline" not in peers else "allocation-baseline",
+                 results)
+    print(f"\nwritten {path}")
+    return results
+
+
+def _cell(row: dict[str, Any] | None, key: str) -> str:
+    if row is None or key not in row:
+        return "-"
+    return f"{row[key] * 1e3:.3f}" if key == "steady_s" else f"{row[key] * 1e3:.1f}"
+
+
+def report(runs: list[dict[str, Any]], peers: tuple[str, ...]) -> None:
+    keys = ("first_s", "decline_p50_s", "decline_max_s", "steady_s")
+    print(f"\n{'agents x fws':<13} {'filter':<9} {'peer':<11} {'first ms':>9} "
+          f"{'decl p50':>9} {'decl max':>9} {'steady ms':>10} {'vs ' + peers[0]:>10} "
+          f"{'vs base':>8}")
+    figures = BASELINE.get("figures", {})
+    for row in runs:
+        label = f"{row['agents']}x{row['frameworks']}"
+        peer_row = next((r for r in runs if r["peer"] == peers[0] and all(
+            r[k] == row[k] for k in ("agents", "frameworks", "filter"))), None)
+        main_key = "decline_p50_s" if "decline_p50_s" in row else "first_s"
+        ratio = (f"{row[main_key] / peer_row[main_key]:.2f}x" if peer_row is not None
+                 and peer_row is not row and peer_row[main_key] else "-")
+        base = figures.get(f"{label}/{row['filter']}", {})
+        vs_base = (f"{row[main_key] / base[main_key]:.2f}x" if base.get(main_key) else "-")
+        print(f"{label:<13} {row['filter']:<9} {row['peer']:<11} "
+              + " ".join(f"{_cell(row, k):>9}" for k in keys[:3])
+              + f" {_cell(row, 'steady_s'):>10} {ratio:>10} {vs_base:>8}")
+    met = [r for r in runs if (r["agents"], r["frameworks"]) == TARGET[:2]
+           and r["peer"] == peers[-1] and "decline_p50_s" in r]
+    for r in met:
+        ok = r["decline_p50_s"] <= TARGET[2]
+        print(f"target {TARGET[0]}x{TARGET[1]} ({r['filter']} filter, {r['peer']}): decline "
+              f"cycle p50 {r['decline_p50_s'] * 1e3:.1f} ms <= {TARGET[2] * 1e3:.0f} ms: "
+              f"{'ok' if ok else 'MISSED'}")
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(prog="python -m bench.allocation", description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="1k and 10k agents only")
+    ap.add_argument("--baseline", action="store_true",
+                    help="measure AllocatorCore() alone as peer 'baseline'")
+    args = ap.parse_args(sys.argv[1:])
+    main(QUICK if args.quick else None, ("baseline",) if args.baseline else PEERS)
