@@ -282,8 +282,9 @@ class AllocatorCore:
         fresh = {f for f in self._fresh if fws[f].active and not fws[f].suppressed}
         notes: dict[str, Notes] = {}
         allocations: list[Allocation] = []
+        visited = 0
         if self._dirty or (fresh and self._idle):
-            self._visit(fresh, notes, allocations, now)
+            visited = self._visit(fresh, notes, allocations, now)
         self._dirty, self._fresh = set(), set()
         touched, self._touched = self._touched.union(notes), set()
         remade = []
@@ -292,10 +293,11 @@ class AllocatorCore:
             self.decisions[fid] = d
             remade.append(d)
         return Cycle(self.cycle, tuple(allocations), tuple(self.decisions.values()),
-                     tuple(remade))
+                     tuple(remade), visited)
 
     def _visit(self, fresh: set[str], notes: dict[str, Notes],
-               allocations: list[Allocation], now: float) -> None:
+               allocations: list[Allocation], now: float) -> int:
+        """Offer the agents to visit; how many there were."""
         agents, fws, dirty, idle = self.agents, self.frameworks, self._dirty, self._idle
         order = self.sorter.sort(fid for fid, fw in fws.items()
                                  if fw.active and not fw.suppressed)
@@ -308,15 +310,21 @@ class AllocatorCore:
             agent = agents[agent_id]
             cands = order if agent_id in dirty else fresh_order
             taken: list[str] = []
+            usable: dict[str, tuple[Resources, bool]] = {}  # role -> (offer, allocatable)
             i = 0
-            while i < len(cands) and allocatable(agent.free):
+            free_ok = allocatable(agent.free)
+            while free_ok and i < len(cands):
                 fid = cands[i][1]
                 fw = fws[fid]
                 note = notes.get(fid)
                 if note is None:
                     note = notes[fid] = Notes()
-                offer = _usable(agent.free, fw.role)
-                if not allocatable(offer):
+                seen = usable.get(fw.role)
+                if seen is None:
+                    offer = _usable(agent.free, fw.role)
+                    seen = usable[fw.role] = (offer, allocatable(offer))
+                offer, fits = seen
+                if not fits:
                     note.no_fit += 1
                     i += 1
                     continue
@@ -334,15 +342,18 @@ class AllocatorCore:
                 if fid in fresh:
                     _remove(fresh_order if cands is order else order, entry)
                 taken.append(fid)
+                usable.clear()
+                free_ok = allocatable(agent.free)
             for fid in taken:
                 entry = (self.sorter.key(fid), fid)
                 insort(order, entry)
                 if fid in fresh:
                     insort(fresh_order, entry)
-            if allocatable(agent.free):
+            if free_ok:
                 idle.add(agent_id)
             else:
                 idle.discard(agent_id)
+        return len(visit)
 
     def _offer(self, agent: Agent, fw: Framework, offer: Resources, n: int) -> Allocation:
         share = self.sorter.share(fw.framework_id)
@@ -384,7 +395,7 @@ class AllocatorCore:
                    resources: Resources) -> None:
         fid = fw.framework_id
         _set(held, fid, held[fid] - resources)
-        agent.free += resources
+        agent.free = agent.free + resources if agent.free else resources
         if fid not in agent.offered and fid not in agent.used:
             fw.agents.discard(agent.agent_id)
         self.sorter.unallocated(fid, resources)

@@ -1,5 +1,12 @@
 """A framework's decision after an allocation cycle (`offerbus why`): offered, suppressed,
-inactive, filtered by its declines, out-shared by lower shares, or nothing fits."""
+inactive, filtered by its declines, out-shared by lower shares, or nothing fits.
+
+Made for the frameworks a cycle concerns (see AllocatorCore): offered, suppressed and
+inactive are exactly what a full scan would say. Among the reasons for no offer, the
+incremental cycle sees less than a full scan (agents it does not visit, frameworks it does
+not consider on idle agents), so it may tell them apart differently, never untruly: it says
+filtered only when its filters refuse some agent, nothing fits only when no agent has
+free resources of its role."""
 
 from __future__ import annotations
 
@@ -15,8 +22,9 @@ if TYPE_CHECKING:
 def decide(core: AllocatorCore, fw: Framework, note: Notes | None, any_offered: bool,
            now: float) -> Decision:
     """From what the cycle saw of the framework (`note`: None = it was not considered at
-    any visited agent). A framework not considered, with nothing offered to anyone, may
-    still be refused by its filters on idle agents (not visited): that is said too."""
+    any visited agent). A framework offered nothing and filtered nowhere this cycle may
+    still be refused by its filters on idle agents (not visited): that is said first, as a
+    full scan would find it there before anything else."""
     share = core.sorter.share(fw.framework_id)
     ids: tuple[str, ...] = ()
     filtered = 0
@@ -29,7 +37,7 @@ def decide(core: AllocatorCore, fw: Framework, note: Notes | None, any_offered: 
         note = note or Notes()
         ids, filtered = tuple(note.allocation_ids), note.agents_filtered
         first = note.first_filtered
-        if not ids and first is None and not any_offered:
+        if not ids and first is None:
             idle = core.idle_filtered(fw)
             if idle:
                 filtered, first = len(idle), idle[0]

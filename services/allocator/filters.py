@@ -42,7 +42,11 @@ class DeclineFilters:
         flts = by_agent.get(agent_id) if by_agent else None
         if not flts:
             return None
-        return max((f.expires_at for f in flts if f.refuses(offer, now)), default=None)
+        latest = None
+        for f in flts:
+            if f.refuses(offer, now) and (latest is None or f.expires_at > latest):
+                latest = f.expires_at
+        return latest
 
     def of(self, framework_id: str) -> dict[str, list[Filter]]:
         """The framework's filters in force, by agent (do not modify)."""

@@ -66,7 +66,9 @@ class Filter:
     expires_at: float
 
     def refuses(self, offer: Resources, now: float) -> bool:
-        return now < self.expires_at and (self.resources is None or self.resources.contains(offer))
+        r = self.resources
+        return now < self.expires_at and (r is None or r is offer or r == offer
+                                          or r.contains(offer))
 
 
 # -- outputs -------------------------------------------------------------------------------
@@ -143,6 +145,7 @@ class Cycle:
     allocations: tuple[Allocation, ...]
     decisions: tuple[Decision, ...]
     remade: tuple[Decision, ...] = ()
+    visited: int = 0  # agents the cycle looked at
 
     def allocations_message(self) -> internal_pb2.InternalMessage:
         msg = internal_pb2.InternalMessage()
