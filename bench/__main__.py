@@ -8,10 +8,11 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from bench import bus, failover, launch, tracing
+from bench import allocation, bus, failover, launch, tracing
 
 BENCHES: dict[str, Callable[[], None]] = {
-    "bus": bus.main, "launch": launch.main, "tracing": tracing.main, "failover": failover.main}
+    "bus": bus.main, "launch": launch.main, "tracing": tracing.main, "failover": failover.main,
+    "allocation": allocation.main}
 
 
 def main(argv: list[str]) -> int:

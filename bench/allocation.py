@@ -7,6 +7,7 @@ or a long one (a year). Per size and filter, timed are `allocate(now)` calls onl
 - decline: rounds of "every outstanding offer declined, the clock 1 s on, one cycle"
   (ROUNDS of them; the 5 s filters of the first rounds expire in the later ones);
 - steady: one more cycle at once, nothing changed since the last (the offers are held);
+- churn: then the offers of 1% of the agents declined, one cycle;
 - saturated: every framework filtered on every agent (a year), one cycle to see it, then
   a steady one (only where N x F <= SATURATED_MAX: a filter object each).
 
@@ -44,12 +45,31 @@ SATURATED_MAX_BASELINE = 100_000  # its full scans take ~20 us a filter
 TARGET = (10000, 1000, 0.250)  # issue 8 (a): <= 250 ms at 10k agents x 1k frameworks
 AGENT = Resources.parse("cpus:24;mem:65536;disk:409600;ports:[31000-32000]")
 INTERVAL = 1.0  # the clock between decline rounds (the shell's sweep)
+CHURN_EVERY = 100  # churn: the offers of every 100th agent declined
 PEERS = ("full", "incremental")
 MEMORY_SIZE = (10000, 1000)
 
 # Measured by this file (peer "baseline" = AllocatorCore() as it was) at the commit named,
-# before the incremental cycle: seconds per allocate() call (p50 over the calls).
-BASELINE: dict[str, Any] = {"commit": "", "figures": {}}
+# before the incremental cycle, in seconds. Another run, under whatever else loaded this
+# 2-core machine then: the same-run peer `full` is the comparison to trust.
+BASELINE: dict[str, Any] = {
+    "commit": "24188f1", "when": "2026-11-23T18:56:35+0000",
+    "command": "python -m bench.allocation --baseline (on a checkout of that commit)",
+    "figures": {
+        "1000x100/default": {"decline_p50_s": 0.0542, "first_s": 0.0673, "steady_s": 0.0017},
+        "1000x100/long": {"decline_p50_s": 0.0997, "first_s": 0.0474, "steady_s": 0.0014},
+        "1000x100/saturated": {"first_s": 2.0523, "steady_s": 1.4983},
+        "1000x1000/default": {"decline_p50_s": 0.1304, "first_s": 0.068, "steady_s": 0.0457},
+        "1000x1000/long": {"decline_p50_s": 0.1531, "first_s": 0.0771, "steady_s": 0.021},
+        "10000x100/default": {"decline_p50_s": 1.8726, "first_s": 0.7411, "steady_s": 0.0153},
+        "10000x100/long": {"decline_p50_s": 1.6173, "first_s": 0.35, "steady_s": 0.0063},
+        "10000x1000/default": {"decline_p50_s": 3.846, "first_s": 2.672, "steady_s": 0.2209},
+        "10000x1000/long": {"decline_p50_s": 3.7065, "first_s": 1.6497, "steady_s": 0.0526},
+        "50000x100/default": {"decline_p50_s": 16.6625, "first_s": 5.7377, "steady_s": 0.1791},
+        "50000x100/long": {"decline_p50_s": 24.5281, "first_s": 23.0741, "steady_s": 0.0894},
+        "50000x1000/default": {"decline_p50_s": 28.3278, "first_s": 8.606, "steady_s": 0.0621},
+        "50000x1000/long": {"decline_p50_s": 6.3012, "first_s": 3.0074, "steady_s": 0.0381},
+    }}
 
 
 def make_core(peer: str) -> AllocatorCore:
@@ -92,10 +112,18 @@ def run_decline(peer: str, agents: int, frameworks: int, refuse: float | None
         offers.append(len(cycle.allocations))
     steady, again = timed(core, now)
     assert not again.allocations, "a steady cycle allocated"
+    churned = 0  # 1% of the agents' offers declined: a cycle for what changed
+    for agent in list(core.agents.values())[::CHURN_EVERY]:
+        for fid, offered in list(agent.offered.items()):
+            core.recover(agent.agent_id, fid, offered, refuse, now)
+            churned += 1
+    now += INTERVAL
+    churn, cycle = timed(core, now)
     del core
     gc.collect()
     return {"first_s": first, "decline_s": rounds, "decline_p50_s": statistics.median(rounds),
-            "decline_max_s": max(rounds), "steady_s": steady, "offers_per_cycle": offers}
+            "decline_max_s": max(rounds), "steady_s": steady, "offers_per_cycle": offers,
+            "churn_s": churn, "churn_declined": churned, "churn_offers": len(cycle.allocations)}
 
 
 def run_saturated(peer: str, agents: int, frameworks: int) -> dict[str, Any]:
@@ -158,7 +186,7 @@ def sizes_from_env() -> tuple[tuple[int, int], ...]:
 
 
 def main(sizes: tuple[tuple[int, int], ...] | None = None,
-         peers: tuple[str, ...] = PEERS) -> dict[str, Any]:
+         peers: tuple[str, ...] = PEERS) -> None:
     sizes = sizes or sizes_from_env()
     print(f"bench allocation: {', '.join(f'{n}x{f}' for n, f in sizes)} (agents x "
           f"frameworks), peers {', '.join(peers)}, {ROUNDS} decline rounds")
@@ -175,7 +203,8 @@ def main(sizes: tuple[tuple[int, int], ...] | None = None,
                 runs.append(row)
                 progress(f"{n}x{f} {kind:<7} {peer:<11} first {row['first_s'] * 1e3:8.1f} ms"
                          f"  decline p50 {row['decline_p50_s'] * 1e3:8.1f} ms"
-                         f"  steady {row['steady_s'] * 1e3:8.3f} ms")
+                         f"  steady {row['steady_s'] * 1e3:8.3f} ms"
+                         f"  churn {row['churn_s'] * 1e3:8.2f} ms")
         if n * f <= (SATURATED_MAX_BASELINE if "baseline" in peers else SATURATED_MAX):
             order = peers[turn % len(peers):] + peers[:turn % len(peers)]
             turn += 1
@@ -199,20 +228,19 @@ def main(sizes: tuple[tuple[int, int], ...] | None = None,
     path = write("allocation" if "baseline" not in peers else "allocation-baseline",
                  results)
     print(f"\nwritten {path}")
-    return results
 
 
 def _cell(row: dict[str, Any] | None, key: str) -> str:
     if row is None or key not in row:
         return "-"
-    return f"{row[key] * 1e3:.3f}" if key == "steady_s" else f"{row[key] * 1e3:.1f}"
+    return f"{row[key] * 1e3:.3f}" if key in ("steady_s", "churn_s") else f"{row[key] * 1e3:.1f}"
 
 
 def report(runs: list[dict[str, Any]], peers: tuple[str, ...]) -> None:
-    keys = ("first_s", "decline_p50_s", "decline_max_s", "steady_s")
+    keys = ("first_s", "decline_p50_s", "decline_max_s")
     print(f"\n{'agents x fws':<13} {'filter':<9} {'peer':<11} {'first ms':>9} "
-          f"{'decl p50':>9} {'decl max':>9} {'steady ms':>10} {'vs ' + peers[0]:>10} "
-          f"{'vs base':>8}")
+          f"{'decl p50':>9} {'decl max':>9} {'steady ms':>10} {'churn ms':>9} "
+          f"{'vs ' + peers[0]:>10} {'vs base':>8} {'steady vs':>10}")
     figures = BASELINE.get("figures", {})
     for row in runs:
         label = f"{row['agents']}x{row['frameworks']}"
@@ -223,9 +251,12 @@ def report(runs: list[dict[str, Any]], peers: tuple[str, ...]) -> None:
                  and peer_row is not row and peer_row[main_key] else "-")
         base = figures.get(f"{label}/{row['filter']}", {})
         vs_base = (f"{row[main_key] / base[main_key]:.2f}x" if base.get(main_key) else "-")
+        steady_ratio = (f"{row['steady_s'] / peer_row['steady_s']:.4f}x"
+                        if peer_row is not None and peer_row is not row else "-")
         print(f"{label:<13} {row['filter']:<9} {row['peer']:<11} "
-              + " ".join(f"{_cell(row, k):>9}" for k in keys[:3])
-              + f" {_cell(row, 'steady_s'):>10} {ratio:>10} {vs_base:>8}")
+              + " ".join(f"{_cell(row, k):>9}" for k in keys)
+              + f" {_cell(row, 'steady_s'):>10} {_cell(row, 'churn_s'):>9} {ratio:>10}"
+              f" {vs_base:>8} {steady_ratio:>10}")
     met = [r for r in runs if (r["agents"], r["frameworks"]) == TARGET[:2]
            and r["peer"] == peers[-1] and "decline_p50_s" in r]
     for r in met:
