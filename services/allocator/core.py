@@ -305,9 +305,10 @@ class AllocatorCore:
         visit = dirty | idle if fresh_order else dirty
         ids: Iterable[str] = (agents if len(visit) == len(agents)
                               else sorted(visit, key=lambda a: agents[a].seq))
-        allocatable, refusal = self._allocatable, self.filters.refusal
+        allocatable, filters_on = self._allocatable, self.filters.on
         for agent_id in ids:
             agent = agents[agent_id]
+            flts_by_fw = filters_on(agent_id)
             cands = order if agent_id in dirty else fresh_order
             taken: list[str] = []
             usable: dict[str, tuple[Resources, bool]] = {}  # role -> (offer, allocatable)
@@ -328,7 +329,8 @@ class AllocatorCore:
                     note.no_fit += 1
                     i += 1
                     continue
-                until = refusal(fid, agent_id, offer, now)
+                flts = flts_by_fw.get(fid)
+                until = _refusal(flts, offer, now) if flts else None
                 if until is not None:
                     note.agents_filtered += 1
                     if note.first_filtered is None:
@@ -356,16 +358,15 @@ class AllocatorCore:
         return len(visit)
 
     def _offer(self, agent: Agent, fw: Framework, offer: Resources, n: int) -> Allocation:
-        share = self.sorter.share(fw.framework_id)
         fid = fw.framework_id
+        dominant_share, dominant_resource, weight = self.sorter.dominant(fid)
         held = agent.offered.get(fid)
         agent.offered[fid] = offer if held is None else held + offer
         agent.free = NOTHING if offer is agent.free else agent.free - offer
         fw.agents.add(agent.agent_id)
         self.sorter.allocated(fid, offer)
         return Allocation(f"{self.id_prefix}{self.cycle}-{n}", fid, agent.agent_id, fw.role,
-                          offer, share.dominant_share, share.dominant_resource, share.weight,
-                          self.cycle)
+                          offer, dominant_share, dominant_resource, weight, self.cycle)
 
     def _allocatable(self, r: Resources) -> bool:
         cpus = mem = 0
@@ -380,7 +381,7 @@ class AllocatorCore:
         """(agent, filter expiry) of the idle agents whose free resources of its role the
         framework's filters refuse: why it is offered nothing there."""
         out = []
-        for agent_id, flts in self.filters.of(fw.framework_id).items():
+        for agent_id, flts in self.filters.of(fw.framework_id):
             if agent_id in self._idle:
                 offer = _usable(self.agents[agent_id].free, fw.role)
                 if self._allocatable(offer):
@@ -462,7 +463,7 @@ class AllocatorCore:
                     continue
                 offer = _usable(agent.free, fw.role)
                 assert not self._allocatable(offer) or any(
-                    f.refuses(offer, -math.inf) for f in self.filters.of(fid).get(agent_id, ())
+                    f.refuses(offer, -math.inf) for f in self.filters.on(agent_id).get(fid, ())
                 ), f"idle {agent_id} would be offered to {fid}"
 
 
@@ -476,6 +477,15 @@ def _usable(free: Resources, role: str) -> Resources:
             if r != UNRESERVED and r != role:
                 return free.for_role(role)
     return free
+
+
+def _refusal(flts: list[Filter], offer: Resources, now: float) -> float | None:
+    """The latest expiry among the filters refusing `offer`, or None."""
+    latest = None
+    for f in flts:
+        if f.refuses(offer, now) and (latest is None or f.expires_at > latest):
+            latest = f.expires_at
+    return latest
 
 
 def _remove(order: Order, entry: tuple[float, str]) -> None:

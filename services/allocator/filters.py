@@ -5,14 +5,16 @@ and when the next one ends (the shell's wake-up). Pure: time is an argument."""
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 
 from services.allocator.model import Filter
-from services.resources import Resources
+
+NONE: dict[str, list[Filter]] = {}  # an agent without filters (never modified)
 
 
 class DeclineFilters:
-    """framework -> agent -> filters in force, and a heap of (expiry, seq, filter).
+    """agent -> framework -> filters in force (what a cycle looks up, agent by agent), the
+    agents each framework has filters on, and a heap of (expiry, seq, filter).
 
     Removing filters (revive, a framework or agent gone) leaves their heap entries behind;
     an entry is dead once its filter is no longer in the table. Dead entries are dropped as
@@ -20,14 +22,16 @@ class DeclineFilters:
     twice the live filters (+64)."""
 
     def __init__(self) -> None:
-        self.by_framework: dict[str, dict[str, list[Filter]]] = {}
+        self.by_agent: dict[str, dict[str, list[Filter]]] = {}
+        self.agents_of: dict[str, set[str]] = {}  # framework -> agents it has filters on
         self.heap: list[tuple[float, int, Filter]] = []
         self._compact_at = 64  # the heap's size that triggers dropping dead entries
         self._seq = 0
 
     def add(self, flt: Filter) -> None:
-        self.by_framework.setdefault(flt.framework_id, {}).setdefault(
-            flt.agent_id, []).append(flt)
+        self.by_agent.setdefault(flt.agent_id, {}).setdefault(
+            flt.framework_id, []).append(flt)
+        self.agents_of.setdefault(flt.framework_id, set()).add(flt.agent_id)
         self._seq += 1
         heapq.heappush(self.heap, (flt.expires_at, self._seq, flt))
         if len(self.heap) > self._compact_at:
@@ -35,46 +39,42 @@ class DeclineFilters:
             heapq.heapify(self.heap)
             self._compact_at = 2 * len(self.heap) + 64
 
-    def refusal(self, framework_id: str, agent_id: str, offer: Resources,
-                now: float) -> float | None:
-        """The latest expiry among the framework's filters refusing `offer` on the agent."""
-        by_agent = self.by_framework.get(framework_id)
-        flts = by_agent.get(agent_id) if by_agent else None
-        if not flts:
-            return None
-        latest = None
-        for f in flts:
-            if f.refuses(offer, now) and (latest is None or f.expires_at > latest):
-                latest = f.expires_at
-        return latest
+    def on(self, agent_id: str) -> dict[str, list[Filter]]:
+        """The agent's filters in force, by framework (do not modify)."""
+        return self.by_agent.get(agent_id, NONE)
 
-    def of(self, framework_id: str) -> dict[str, list[Filter]]:
-        """The framework's filters in force, by agent (do not modify)."""
-        return self.by_framework.get(framework_id, {})
+    def of(self, framework_id: str) -> Iterator[tuple[str, list[Filter]]]:
+        """(agent, filters) of the framework's filters in force."""
+        for agent_id in self.agents_of.get(framework_id, ()):
+            yield agent_id, self.by_agent[agent_id][framework_id]
 
     def drop_framework(self, framework_id: str) -> None:
-        self.by_framework.pop(framework_id, None)
+        for agent_id in self.agents_of.pop(framework_id, ()):
+            self._unlink(agent_id, framework_id)
 
     def drop_agent(self, agent_id: str) -> None:
-        for by_agent in self.by_framework.values():
-            by_agent.pop(agent_id, None)
-        for fid in [f for f, by_agent in self.by_framework.items() if not by_agent]:
-            del self.by_framework[fid]
+        for fid in self.by_agent.pop(agent_id, {}):
+            agents = self.agents_of[fid]
+            agents.discard(agent_id)
+            if not agents:
+                del self.agents_of[fid]
 
     def expire(self, now: float) -> Iterator[Filter]:
         """Remove and yield each filter in force that ended by `now`."""
         heap = self.heap
         while heap and heap[0][0] <= now:
             flt = heapq.heappop(heap)[2]
-            by_agent = self.by_framework.get(flt.framework_id)
-            flts = by_agent.get(flt.agent_id) if by_agent else None
-            if by_agent is None or not flts or flt not in flts:
+            by_fw = self.by_agent.get(flt.agent_id)
+            flts = by_fw.get(flt.framework_id) if by_fw else None
+            if not flts or flt not in flts:
                 continue  # already gone: revive, or its agent or framework was removed
             flts.remove(flt)
             if not flts:
-                del by_agent[flt.agent_id]
-                if not by_agent:
-                    del self.by_framework[flt.framework_id]
+                self._unlink(flt.agent_id, flt.framework_id)
+                agents = self.agents_of[flt.framework_id]
+                agents.discard(flt.agent_id)
+                if not agents:
+                    del self.agents_of[flt.framework_id]
             yield flt
 
     def next_expiry(self, now: float) -> float | None:
@@ -88,25 +88,34 @@ class DeclineFilters:
         return min((e[0] for e in heap if e[0] > now and self._live(e[2])), default=None) \
             if heap else None
 
+    def _unlink(self, agent_id: str, framework_id: str) -> None:
+        by_fw = self.by_agent[agent_id]
+        del by_fw[framework_id]
+        if not by_fw:
+            del self.by_agent[agent_id]
+
     def _live(self, flt: Filter) -> bool:
-        by_agent = self.by_framework.get(flt.framework_id)
-        flts = by_agent.get(flt.agent_id) if by_agent else None
+        by_fw = self.by_agent.get(flt.agent_id)
+        flts = by_fw.get(flt.framework_id) if by_fw else None
         return bool(flts) and any(f is flt for f in flts)  # type: ignore[union-attr]
 
     def __contains__(self, framework_id: object) -> bool:
         """Whether the framework has a filter in the table."""
-        return framework_id in self.by_framework
+        return framework_id in self.agents_of
 
     def __len__(self) -> int:
-        return sum(len(flts) for by_agent in self.by_framework.values()
-                   for flts in by_agent.values())
+        return sum(len(flts) for by_fw in self.by_agent.values() for flts in by_fw.values())
 
-    def validate(self, agents: object, frameworks: object) -> None:
-        for fid, by_agent in self.by_framework.items():
-            assert fid in frameworks, f"filter for unknown framework {fid}"  # type: ignore
-            assert by_agent, f"empty filter table of {fid}"
-            for agent_id, flts in by_agent.items():
-                assert agent_id in agents, f"filter for unknown agent {agent_id}"  # type: ignore
+    def validate(self, agents: Container[str], frameworks: Container[str]) -> None:
+        pairs = set()
+        for agent_id, by_fw in self.by_agent.items():
+            assert agent_id in agents, f"filter for unknown agent {agent_id}"
+            assert by_fw, f"empty filter table of {agent_id}"
+            for fid, flts in by_fw.items():
+                assert fid in frameworks, f"filter for unknown framework {fid}"
                 assert flts and all(f.framework_id == fid and f.agent_id == agent_id
                                     for f in flts)
+                pairs.add((fid, agent_id))
+        assert pairs == {(f, a) for f, agents_ in self.agents_of.items() for a in agents_}
+        assert all(self.agents_of.values())
         assert len(self.heap) <= self._compact_at, (len(self.heap), self._compact_at)
