@@ -326,8 +326,11 @@ class AllocatorShell(ServiceKit):
 
     def _tell_decisions(self, cycle: Cycle) -> None:
         """Decisions that changed go to the master (through the broker), which publishes
-        them on the state stream for `offerbus why`; /decisions serves all of them."""
-        changed = [d for d in cycle.remade
+        them on the state stream for `offerbus why`; /decisions serves all of them. Those
+        the cycle re-made, or every standing one when the master knows none (a new master
+        or broker link cleared what it was told)."""
+        made = cycle.remade if self._told else self.decisions.values()
+        changed = [d for d in made
                    if self._told.get(d.framework_id) != (d.outcome.value, d.reason)]
         if not changed:
             return

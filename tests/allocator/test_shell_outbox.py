@@ -120,3 +120,17 @@ def test_only_changed_decisions_are_told_again() -> None:
     shell._allocate()  # nothing changed: no cycle work, nothing to tell
     assert len(dealer.of("allocator_decisions")) == 1
     assert set(shell.decisions) == {"fw-0", "fw-1"}
+
+
+def test_a_new_broker_link_is_told_every_standing_decision_again() -> None:
+    """Decisions are told when re-made; after the link to the broker (and so the master)
+    is new, the standing ones are told again, though a steady cycle re-makes none."""
+    core = cluster(4, 2)
+    shell, dealer, reactor = shell_with(core)
+    shell._allocate()
+    assert len(dealer.of("allocator_decisions")) == 1
+    shell._on_broker_connected()  # a hello, then a cycle within the batch window
+    assert reactor.fire() == 1
+    told = dealer.of("allocator_decisions")
+    assert len(told) == 2
+    assert {d.framework_id for d in told[1].decisions} == {"fw-0", "fw-1"}
