@@ -143,7 +143,9 @@ def run_saturated(peer: str, agents: int, frameworks: int) -> dict[str, Any]:
 
 
 def memory(agents: int, frameworks: int, peer: str = "incremental") -> dict[str, float]:
-    """Bytes the core holds per agent, per framework and per decline filter."""
+    """Bytes the core holds per agent, per framework, per offer outstanding (a first cycle:
+    one per agent, with the frameworks' decisions) and per decline filter (each offer
+    declined for a year)."""
     gc.collect()
     tracemalloc.start()
     base = tracemalloc.take_snapshot()
@@ -154,20 +156,27 @@ def memory(agents: int, frameworks: int, peer: str = "incremental") -> dict[str,
     for j in range(frameworks):
         core.framework_added(f"fw-{j:04}", "*")
     with_frameworks = tracemalloc.take_snapshot()
-    cycle = core.allocate(1000.0)
-    decline_all(core, cycle, FILTERS["long"], 1000.0)
+    n_offers = len(core.allocate(1000.0).allocations)
+    gc.collect()
+    with_offers = tracemalloc.take_snapshot()
+    n_filters = 0
+    for agent in core.agents.values():
+        for fid, offered in list(agent.offered.items()):
+            core.recover(agent.agent_id, fid, offered, FILTERS["long"], 1000.0)
+            n_filters += 1
+    gc.collect()
     with_filters = tracemalloc.take_snapshot()
     tracemalloc.stop()
 
     def grew(a: tracemalloc.Snapshot, b: tracemalloc.Snapshot) -> int:
         return sum(s.size_diff for s in b.compare_to(a, "filename"))
 
-    n_filters = len(cycle.allocations)
-    out = {"agents": agents, "frameworks": frameworks, "filters": n_filters,
+    out = {"agents": agents, "frameworks": frameworks, "offers": n_offers, "filters": n_filters,
            "bytes_per_agent": grew(base, with_agents) / agents,
            "bytes_per_framework": grew(with_agents, with_frameworks) / frameworks,
-           "bytes_per_filter": grew(with_frameworks, with_filters) / max(1, n_filters)}
-    del core, cycle
+           "bytes_per_offer": grew(with_frameworks, with_offers) / max(1, n_offers),
+           "bytes_per_filter": grew(with_offers, with_filters) / max(1, n_filters)}
+    del core
     gc.collect()
     return out
 
@@ -217,7 +226,7 @@ def main(sizes: tuple[tuple[int, int], ...] | None = None,
     mem = memory(*MEMORY_SIZE, peer=peers[-1])
     progress(f"memory at {MEMORY_SIZE[0]}x{MEMORY_SIZE[1]}: {mem['bytes_per_agent']:.0f} "
              f"B/agent, {mem['bytes_per_framework']:.0f} B/framework, "
-             f"{mem['bytes_per_filter']:.0f} B/filter")
+             f"{mem['bytes_per_offer']:.0f} B/offer, {mem['bytes_per_filter']:.0f} B/filter")
     results = {"config": {"rounds": ROUNDS, "interval_s": INTERVAL, "agent": str(AGENT),
                           "filters_s": FILTERS, "saturated_max": SATURATED_MAX,
                           "target": {"agents": TARGET[0], "frameworks": TARGET[1],

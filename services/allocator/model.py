@@ -20,7 +20,7 @@ class AllocatorError(ValueError):
 # -- state ---------------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(slots=True)
 class Agent:
     """An agent's resources, split by framework into offered (outstanding offers) and used
     (tasks seen on the state stream); `free` is what neither holds."""
@@ -41,7 +41,7 @@ class Agent:
         return out
 
 
-@dataclass
+@dataclass(slots=True)
 class Framework:
     framework_id: str
     role: str
@@ -54,7 +54,7 @@ class Framework:
         return self.role in self.suppressed_roles
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Filter:
     """A decline filter: do not offer `resources` (None = anything) of this agent to this
     framework before `expires_at`. Like Mesos, an offer is refused only when the filter's
@@ -74,7 +74,7 @@ class Filter:
 # -- outputs -------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Allocation:
     """Command: offer `resources` of `agent_id` to `framework_id` (the broker makes the offer).
     The share, dominant resource and weight are the framework's before this allocation."""
@@ -158,7 +158,7 @@ class Cycle:
         return msg
 
 
-@dataclass
+@dataclass(slots=True)
 class Notes:
     """What one cycle saw of one framework, to explain its decision."""
 
