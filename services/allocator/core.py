@@ -301,6 +301,8 @@ class AllocatorCore:
         agents, fws, dirty, idle = self.agents, self.frameworks, self._dirty, self._idle
         order = self.sorter.sort(fid for fid, fw in fws.items()
                                  if fw.active and not fw.suppressed)
+        if self._idle <= dirty:  # no idle agent to try fresh frameworks on
+            fresh = set()
         fresh_order = [e for e in order if e[1] in fresh]
         visit = dirty | idle if fresh_order else dirty
         ids: Iterable[str] = (agents if len(visit) == len(agents)
