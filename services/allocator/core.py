@@ -381,7 +381,8 @@ class AllocatorCore:
 
     def idle_filtered(self, fw: Framework) -> list[tuple[str, float]]:
         """(agent, filter expiry) of the idle agents whose free resources of its role the
-        framework's filters refuse: why it is offered nothing there."""
+        framework's filters refuse (why it is offered nothing there), in the order agents
+        were added."""
         out = []
         for agent_id, flts in self.filters.of(fw.framework_id):
             if agent_id in self._idle:
@@ -391,7 +392,7 @@ class AllocatorCore:
                                 default=None)
                     if until is not None:
                         out.append((agent_id, until))
-        return out
+        return sorted(out, key=lambda e: self.agents[e[0]].seq)
 
     # -- helpers -----------------------------------------------------------------------
     def _give_back(self, agent: Agent, fw: Framework, held: dict[str, Resources],
