@@ -134,3 +134,27 @@ def test_a_new_broker_link_is_told_every_standing_decision_again() -> None:
     told = dealer.of("allocator_decisions")
     assert len(told) == 2
     assert {d.framework_id for d in told[1].decisions} == {"fw-0", "fw-1"}
+
+
+def agent_entry(i: int) -> Any:
+    from schemas import bus_pb2, state_pb2
+
+    rec = state_pb2.AgentRecord(status=state_pb2.AgentRecord.AGENT_STATUS_REGISTERED)
+    rec.agent_info.agent_id = rec.agent_info.hostname = f"agent-{i}"
+    rec.agent_info.resources.extend(AGENT.to_proto())
+    return bus_pb2.StateEntry(key=f"agents/agent-{i}", value=state_pb2.StateValue(agent=rec))
+
+
+def test_many_stream_deltas_in_one_window_make_one_cycle() -> None:
+    from services.allocator.feed import StreamFeed
+    from services.bus.stream_core import Changed
+
+    core = cluster(0, 2)
+    shell, dealer, reactor = shell_with(core)
+    shell.feed = StreamFeed(core)
+    for i in range(30):  # thirty deltas, one agent each, before the reactor's next turn
+        shell._on_state(Changed([agent_entry(i)]))
+    assert len(core.agents) == 30 and core.cycle == 0
+    assert reactor.fire() == 1 and core.cycle == 1
+    [allocations] = dealer.of("allocations")
+    assert len(allocations.allocations) == 30
