@@ -1,179 +1,45 @@
 """The allocator's pure core: which framework is offered which agent's free resources.
 It owns the allocation policy (weighted DRF, roles and reservations, decline filters,
-suppress/revive); events and the current time come in, allocations and decisions go out."""
+suppress/revive) and keeps it incremental: a cycle visits only the agents whose free
+resources changed (or whose filter ended) and, on agents every framework refused, only the
+frameworks that became eligible since; a cluster where nothing changed costs nothing.
+Events and the current time come in, allocations and decisions go out."""
 
 from __future__ import annotations
 
-import bisect
-import enum
-import heapq
 import math
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from bisect import bisect_left, insort
+from collections.abc import Iterable
 
-from schemas import internal_pb2
+from services.allocator.decide import decide
+from services.allocator.filters import DeclineFilters
+from services.allocator.model import (
+    Agent,
+    Allocation,
+    AllocatorError,
+    Attributes,
+    Cycle,
+    Decision,
+    Filter,
+    Framework,
+    Notes,
+    Outcome,
+)
 from services.allocator.sorter import DRFSorter, Sorter, scalar_vector
-from services.resources import MILLI, Resources
+from services.resources import MILLI, UNRESERVED, Resources
 
 DEFAULT_REFUSE_SECONDS = 5.0  # a decline without filters (DESIGN §4, as Mesos)
 MAX_REFUSE_SECONDS = 365 * 24 * 3600.0  # Mesos caps filters at a year too
 # An agent's free resources are worth offering only above these (Mesos MIN_CPUS/MIN_MEM).
 MIN_CPUS = 0.01
 MIN_MEM = 32.0
+NOTHING = Resources()
 
-Attributes = Mapping[str, str | float]
+__all__ = ["DEFAULT_REFUSE_SECONDS", "MAX_REFUSE_SECONDS", "MIN_CPUS", "MIN_MEM", "Agent",
+           "Allocation", "AllocatorCore", "AllocatorError", "Attributes", "Cycle",
+           "Decision", "Filter", "Framework", "Outcome"]
 
-
-class AllocatorError(ValueError):
-    """An event that does not fit the allocator's state (an illegal transition)."""
-
-
-# -- state ---------------------------------------------------------------------------------
-
-
-@dataclass
-class Agent:
-    """An agent's resources, split by framework into offered (outstanding offers) and used
-    (tasks seen on the state stream); `free` is what neither holds."""
-
-    agent_id: str
-    hostname: str
-    total: Resources
-    attributes: Attributes
-    free: Resources
-    offered: dict[str, Resources] = field(default_factory=dict)
-    used: dict[str, Resources] = field(default_factory=dict)
-
-    def allocated(self) -> Resources:
-        out = Resources()
-        for r in (*self.offered.values(), *self.used.values()):
-            out += r
-        return out
-
-
-@dataclass
-class Framework:
-    framework_id: str
-    role: str
-    active: bool
-    suppressed_roles: set[str] = field(default_factory=set)
-    agents: set[str] = field(default_factory=set)  # where it holds offered or used resources
-
-    @property
-    def suppressed(self) -> bool:
-        return self.role in self.suppressed_roles
-
-
-@dataclass(frozen=True)
-class Filter:
-    """A decline filter: do not offer `resources` (None = anything) of this agent to this
-    framework before `expires_at`. Like Mesos, an offer is refused only when the filter's
-    resources contain it: once more is free, the agent is offered again."""
-
-    framework_id: str
-    agent_id: str
-    resources: Resources | None
-    expires_at: float
-
-    def refuses(self, offer: Resources, now: float) -> bool:
-        return now < self.expires_at and (self.resources is None or self.resources.contains(offer))
-
-
-# -- outputs -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Allocation:
-    """Command: offer `resources` of `agent_id` to `framework_id` (the broker makes the offer).
-    The share, dominant resource and weight are the framework's before this allocation."""
-
-    allocation_id: str
-    framework_id: str
-    agent_id: str
-    role: str
-    resources: Resources
-    dominant_share: float
-    dominant_resource: str
-    weight: float
-    cycle: int
-
-    def to_proto(self) -> internal_pb2.Allocation:
-        return internal_pb2.Allocation(
-            allocation_id=self.allocation_id, framework_id=self.framework_id,
-            agent_id=self.agent_id, role=self.role, resources=self.resources.to_proto(),
-            dominant_share=self.dominant_share, dominant_resource=self.dominant_resource,
-            weight=self.weight, cycle=self.cycle)
-
-
-class Outcome(enum.Enum):
-    """internal.proto AllocatorDecision.Outcome (QUOTA_LIMIT unused until quotas)."""
-
-    OFFERED = "OUTCOME_OFFERED"
-    SUPPRESSED = "OUTCOME_SUPPRESSED"
-    FILTERED = "OUTCOME_FILTERED"
-    NO_FIT = "OUTCOME_NO_FIT"
-    FAIR_SHARE = "OUTCOME_FAIR_SHARE"
-    INACTIVE = "OUTCOME_INACTIVE"
-
-
-@dataclass(frozen=True)
-class Decision:
-    """A framework's standing after one allocation cycle, for `offerbus why`."""
-
-    framework_id: str
-    role: str
-    outcome: Outcome
-    reason: str
-    dominant_share: float
-    dominant_resource: str
-    weight: float
-    shares: Mapping[str, float]
-    allocation_ids: tuple[str, ...]
-    agents_filtered: int
-    cycle: int
-    decided_at: float
-
-    def to_proto(self) -> internal_pb2.AllocatorDecision:
-        return internal_pb2.AllocatorDecision(
-            framework_id=self.framework_id, role=self.role,
-            outcome=internal_pb2.AllocatorDecision.Outcome.Value(self.outcome.value),
-            reason=self.reason, dominant_share=self.dominant_share,
-            dominant_resource=self.dominant_resource, weight=self.weight,
-            shares=dict(self.shares), allocation_ids=list(self.allocation_ids),
-            agents_filtered=self.agents_filtered, cycle=self.cycle,
-            decided_at_us=int(self.decided_at * 1_000_000))
-
-
-@dataclass(frozen=True)
-class Cycle:
-    """The result of one `allocate`: allocations to send, and every framework's decision."""
-
-    cycle: int
-    allocations: tuple[Allocation, ...]
-    decisions: tuple[Decision, ...]
-
-    def allocations_message(self) -> internal_pb2.InternalMessage:
-        msg = internal_pb2.InternalMessage()
-        msg.allocations.allocations.extend(a.to_proto() for a in self.allocations)
-        return msg
-
-    def decisions_message(self) -> internal_pb2.InternalMessage:
-        msg = internal_pb2.InternalMessage()
-        msg.allocator_decisions.decisions.extend(d.to_proto() for d in self.decisions)
-        return msg
-
-
-@dataclass
-class _Notes:
-    """What one cycle saw of one framework, to explain its decision."""
-
-    allocation_ids: list[str] = field(default_factory=list)
-    agents_filtered: int = 0
-    first_filtered: tuple[str, float] | None = None  # (agent, filter expiry)
-    no_fit: int = 0
-
-
-# -- the core ------------------------------------------------------------------------------
+Order = list[tuple[float, str]]  # (sort key, framework id), ascending
 
 
 class AllocatorCore:
@@ -182,22 +48,38 @@ class AllocatorCore:
     AllocatorError and leaves the state unchanged.
 
     Stale events are not illegal: `recover` and `resources_released` for an agent or a
-    framework that is gone return False (its offers and tasks went with it)."""
+    framework that is gone return False (its offers and tasks went with it).
+
+    Incremental (the default): events mark what a cycle must look at. An agent whose free
+    resources changed, or whose decline filter ended, is *dirty*: the next cycle offers it
+    as a full scan would (every eligible framework, in DRF order). After a visit, an agent
+    with allocatable resources left is *idle*: every eligible framework refused it (a filter
+    or nothing of its role), and keeps refusing until the agent is dirty again or the
+    framework is *fresh* (added, activated or revived), so idle agents are visited only
+    when some framework is fresh, and then only by the fresh ones. A framework's decision
+    is re-made in the cycles that concern it (an event of its own, or a visited agent
+    considered for it); the others stand. `incremental=False` visits every agent and
+    framework each cycle (the reference the tests and the benchmark compare with)."""
 
     def __init__(self, sorter: Sorter | None = None, id_prefix: str = "",
-                 min_cpus: float = MIN_CPUS, min_mem: float = MIN_MEM) -> None:
+                 min_cpus: float = MIN_CPUS, min_mem: float = MIN_MEM,
+                 incremental: bool = True) -> None:
         self.sorter: Sorter = sorter if sorter is not None else DRFSorter()
         self.id_prefix = id_prefix
-        self._min_cpus = round(min_cpus * MILLI)
-        self._min_mem = round(min_mem * MILLI)
+        self.incremental = incremental
+        self.min_cpus = round(min_cpus * MILLI)
+        self.min_mem = round(min_mem * MILLI)
         self.agents: dict[str, Agent] = {}
         self.frameworks: dict[str, Framework] = {}
         self.weights: dict[str, float] = {}  # role -> weight; absent = 1.0
-        self.filters: dict[str, dict[str, list[Filter]]] = {}  # framework -> agent -> filters
-        self._expiries: list[tuple[float, int, Filter]] = []  # heap, for pruning
-        self._compact_at = 64  # the heap's size that triggers dropping dead entries
-        self._filter_seq = 0
+        self.filters = DeclineFilters()
+        self.decisions: dict[str, Decision] = {}  # the standing one per framework
         self.cycle = 0
+        self._agent_seq = 0
+        self._dirty: set[str] = set()  # agents the next cycle visits with every framework
+        self._idle: set[str] = set()  # agents left allocatable, refused by every framework
+        self._fresh: set[str] = set()  # frameworks the next cycle tries on idle agents
+        self._touched: set[str] = set()  # frameworks whose decision the next cycle re-makes
 
     # -- agents ------------------------------------------------------------------------
     def agent_added(self, agent_id: str, hostname: str, total: Resources,
@@ -205,8 +87,11 @@ class AllocatorCore:
         if agent_id in self.agents:
             raise AllocatorError(f"agent {agent_id} added twice")
         _check_resources(total, f"agent {agent_id} total")
-        self.agents[agent_id] = Agent(agent_id, hostname, total, dict(attributes or {}), total)
+        self._agent_seq += 1
+        self.agents[agent_id] = Agent(agent_id, hostname, total, dict(attributes or {}), total,
+                                      self._agent_seq)
         self.sorter.add_total(total)
+        self._dirty.add(agent_id)
 
     def agent_updated(self, agent_id: str, total: Resources) -> None:
         """The agent's total changed (e.g. reconfigured); it must still hold what is allocated."""
@@ -219,19 +104,22 @@ class AllocatorCore:
         self.sorter.remove_total(agent.total)
         self.sorter.add_total(total)
         agent.total, agent.free = total, total - allocated
+        self._dirty.add(agent_id)
 
     def agent_removed(self, agent_id: str) -> None:
         """The agent is gone (or unreachable): its offers and tasks' resources vanish."""
         agent = self._agent(agent_id)
         for framework_id in {*agent.offered, *agent.used}:
-            held = agent.offered.get(framework_id, Resources()) + agent.used.get(
-                framework_id, Resources())
+            held = agent.offered.get(framework_id, NOTHING) + agent.used.get(
+                framework_id, NOTHING)
             self.sorter.unallocated(framework_id, held)
             self.frameworks[framework_id].agents.discard(agent_id)
-        for by_agent in self.filters.values():
-            by_agent.pop(agent_id, None)
+            self._touched.add(framework_id)
+        self.filters.drop_agent(agent_id)
         self.sorter.remove_total(agent.total)
         del self.agents[agent_id]
+        self._dirty.discard(agent_id)
+        self._idle.discard(agent_id)
 
     # -- frameworks and roles ----------------------------------------------------------
     def framework_added(self, framework_id: str, role: str, active: bool = True,
@@ -243,6 +131,8 @@ class AllocatorCore:
         self.frameworks[framework_id] = Framework(framework_id, role, active,
                                                   set(suppressed_roles))
         self.sorter.add(framework_id, self.weights.get(role, 1.0))
+        self._fresh.add(framework_id)
+        self._touched.add(framework_id)
 
     def framework_removed(self, framework_id: str) -> None:
         """Torn down: its offers and tasks' resources return to the pool, its filters go."""
@@ -253,27 +143,39 @@ class AllocatorCore:
                                                                                None)):
                 if held is not None:
                     agent.free += held
-        self.filters.pop(framework_id, None)
+            self._dirty.add(agent_id)
+        self.filters.drop_framework(framework_id)
         self.sorter.remove(framework_id)
         del self.frameworks[framework_id]
+        self.decisions.pop(framework_id, None)
+        self._fresh.discard(framework_id)
+        self._touched.discard(framework_id)
 
     def framework_activated(self, framework_id: str) -> None:
-        self._framework(framework_id).active = True
+        fw = self._framework(framework_id)
+        if not fw.active:
+            fw.active = True
+            self._fresh.add(framework_id)
+        self._touched.add(framework_id)
 
     def framework_deactivated(self, framework_id: str) -> None:
         """Its scheduler disconnected: no new offers until it comes back."""
         self._framework(framework_id).active = False
+        self._touched.add(framework_id)
 
     def suppress(self, framework_id: str, roles: Iterable[str] = ()) -> None:
         """Stop offering to the framework (`roles` empty = all its roles)."""
         fw = self._framework(framework_id)
         fw.suppressed_roles |= set(roles) or {fw.role}
+        self._touched.add(framework_id)
 
     def revive(self, framework_id: str, roles: Iterable[str] = ()) -> None:
         """Offer to the framework again, and drop its decline filters (as Mesos)."""
         fw = self._framework(framework_id)
         fw.suppressed_roles -= set(roles) or {fw.role}
-        self.filters.pop(framework_id, None)
+        self.filters.drop_framework(framework_id)
+        self._fresh.add(framework_id)
+        self._touched.add(framework_id)
 
     def set_weight(self, role: str, weight: float) -> None:
         if not (weight > 0 and math.isfinite(weight)):
@@ -282,6 +184,7 @@ class AllocatorCore:
         for fw in self.frameworks.values():
             if fw.role == role:
                 self.sorter.set_weight(fw.framework_id, weight)
+                self._touched.add(fw.framework_id)
 
     # -- resources held by tasks and offers --------------------------------------------
     def resources_used(self, agent_id: str, framework_id: str, resources: Resources) -> None:
@@ -290,7 +193,7 @@ class AllocatorCore:
         the rest, e.g. tasks found after an allocator failover, is taken from free."""
         agent, fw = self._agent(agent_id), self._framework(framework_id)
         _check_resources(resources, f"task resources on {agent_id}")
-        offered = agent.offered.get(framework_id, Resources())
+        offered = agent.offered.get(framework_id, NOTHING)
         from_offer = _common(offered, resources)
         from_free = resources - from_offer
         if not agent.free.contains(from_free):
@@ -298,10 +201,13 @@ class AllocatorCore:
                 f"agent {agent_id}: framework {framework_id} uses {resources} but only "
                 f"{agent.free} is free and {offered} offered to it")
         _set(agent.offered, framework_id, offered - from_offer)
-        agent.used[framework_id] = agent.used.get(framework_id, Resources()) + resources
-        agent.free -= from_free
+        agent.used[framework_id] = agent.used.get(framework_id, NOTHING) + resources
         fw.agents.add(agent_id)
-        self.sorter.allocated(framework_id, from_free)
+        self._touched.add(framework_id)
+        if from_free:
+            agent.free -= from_free
+            self.sorter.allocated(framework_id, from_free)
+            self._dirty.add(agent_id)
 
     def resources_released(self, agent_id: str, framework_id: str,
                            resources: Resources) -> bool:
@@ -309,7 +215,7 @@ class AllocatorCore:
         agent, fw = self.agents.get(agent_id), self.frameworks.get(framework_id)
         if agent is None or fw is None:
             return False
-        used = agent.used.get(framework_id, Resources())
+        used = agent.used.get(framework_id, NOTHING)
         if not used.contains(resources):
             raise AllocatorError(f"agent {agent_id}: framework {framework_id} releases "
                                  f"{resources} but its tasks hold {used}")
@@ -324,7 +230,7 @@ class AllocatorCore:
         agent, fw = self.agents.get(agent_id), self.frameworks.get(framework_id)
         if agent is None or fw is None:
             return False
-        offered = agent.offered.get(framework_id, Resources())
+        offered = agent.offered.get(framework_id, NOTHING)
         if not offered.contains(resources):
             raise AllocatorError(f"agent {agent_id}: framework {framework_id} returns "
                                  f"{resources} but was offered {offered}")
@@ -349,105 +255,120 @@ class AllocatorCore:
         self._agent(agent_id)
         if math.isnan(until):
             raise AllocatorError("filter expiry is NaN")
-        flt = Filter(framework_id, agent_id, resources, until)
-        self.filters.setdefault(framework_id, {}).setdefault(agent_id, []).append(flt)
-        self._filter_seq += 1
-        heapq.heappush(self._expiries, (until, self._filter_seq, flt))
-        if len(self._expiries) > self._compact_at:  # drop entries of filters revive removed
-            live = {id(f) for by_agent in self.filters.values() for fl in by_agent.values()
-                    for f in fl}
-            self._expiries = [e for e in self._expiries if id(e[2]) in live]
-            heapq.heapify(self._expiries)
-            self._compact_at = 2 * len(self._expiries) + 64
+        self.filters.add(Filter(framework_id, agent_id, resources, until))
+        self._touched.add(framework_id)
+
+    def next_filter_expiry(self, now: float) -> float | None:
+        """When the earliest decline filter still in force ends (its resources may then be
+        offered again), or None."""
+        return self.filters.next_expiry(now)
 
     # -- allocation --------------------------------------------------------------------
     def allocate(self, now: float) -> Cycle:
-        """One allocation cycle: each agent's free resources (those a framework's role may
-        use) go whole to the framework with the lowest weighted dominant share that is
-        active, not suppressed and not filtered there; it is then re-sorted."""
-        self._expire_filters(now)
+        """One allocation cycle: each visited agent's free resources (those a framework's
+        role may use) go whole to the framework with the lowest weighted dominant share
+        that is active, not suppressed and not filtered there; it is then re-sorted.
+        Visited: dirty agents (with every framework), and idle ones if a framework is fresh
+        (with the fresh ones), in the order agents were added — what a full scan would
+        offer, since every other agent would be refused by every framework."""
+        for flt in self.filters.expire(now):
+            self._dirty.add(flt.agent_id)
+            self._touched.add(flt.framework_id)
         self.cycle += 1
-        eligible = [f.framework_id for f in self.frameworks.values()
-                    if f.active and not f.suppressed]
-        order = self.sorter.sort(eligible)
-        notes = {fid: _Notes() for fid in eligible}
+        if not self.incremental:
+            self._dirty.update(self.agents)
+            self._touched.update(self.frameworks)
+        fws = self.frameworks
+        fresh = {f for f in self._fresh if fws[f].active and not fws[f].suppressed}
+        notes: dict[str, Notes] = {}
         allocations: list[Allocation] = []
-        for agent in self.agents.values():
-            if not order:
-                break
-            if not self._allocatable(agent.free):
-                continue
+        visited = 0
+        if self._dirty or (fresh and self._idle):
+            visited = self._visit(fresh, notes, allocations, now)
+        self._dirty, self._fresh = set(), set()
+        touched, self._touched = self._touched.union(notes), set()
+        remade = []
+        for fid in sorted(touched):
+            d = decide(self, fws[fid], notes.get(fid), bool(allocations), now)
+            self.decisions[fid] = d
+            remade.append(d)
+        return Cycle(self.cycle, tuple(allocations), tuple(self.decisions.values()),
+                     tuple(remade), visited)
+
+    def _visit(self, fresh: set[str], notes: dict[str, Notes],
+               allocations: list[Allocation], now: float) -> int:
+        """Offer the agents to visit; how many there were."""
+        agents, fws, dirty, idle = self.agents, self.frameworks, self._dirty, self._idle
+        order = self.sorter.sort(fid for fid, fw in fws.items()
+                                 if fw.active and not fw.suppressed)
+        if self._idle <= dirty:  # no idle agent to try fresh frameworks on
+            fresh = set()
+        fresh_order = [e for e in order if e[1] in fresh]
+        visit = dirty | idle if fresh_order else dirty
+        ids: Iterable[str] = (agents if len(visit) == len(agents)
+                              else sorted(visit, key=lambda a: agents[a].seq))
+        allocatable, filters_on = self._allocatable, self.filters.on
+        for agent_id in ids:
+            agent = agents[agent_id]
+            flts_by_fw = filters_on(agent_id)
+            cands = order if agent_id in dirty else fresh_order
             taken: list[str] = []
+            usable: dict[str, tuple[Resources, bool]] = {}  # role -> (offer, allocatable)
             i = 0
-            while i < len(order) and self._allocatable(agent.free):
-                framework_id = order[i][1]
-                fw, note = self.frameworks[framework_id], notes[framework_id]
-                offer = agent.free.for_role(fw.role)
-                if not self._allocatable(offer):
+            free_ok = allocatable(agent.free)
+            while free_ok and i < len(cands):
+                fid = cands[i][1]
+                fw = fws[fid]
+                note = notes.get(fid)
+                if note is None:
+                    note = notes[fid] = Notes()
+                seen = usable.get(fw.role)
+                if seen is None:
+                    offer = _usable(agent.free, fw.role)
+                    seen = usable[fw.role] = (offer, allocatable(offer))
+                offer, fits = seen
+                if not fits:
                     note.no_fit += 1
                     i += 1
                     continue
-                refusal = self._refusal(framework_id, agent.agent_id, offer, now)
-                if refusal is not None:
+                flts = flts_by_fw.get(fid)
+                until = _refusal(flts, offer, now) if flts else None
+                if until is not None:
                     note.agents_filtered += 1
                     if note.first_filtered is None:
-                        note.first_filtered = (agent.agent_id, refusal)
+                        note.first_filtered = (agent_id, until)
                     i += 1
                     continue
                 allocation = self._offer(agent, fw, offer, len(allocations))
                 allocations.append(allocation)
                 note.allocation_ids.append(allocation.allocation_id)
-                taken.append(order.pop(i)[1])  # it took all it may use of this agent
-            for framework_id in taken:
-                bisect.insort(order, (self.sorter.key(framework_id), framework_id))
-        decisions = tuple(self._decide(fw, notes.get(fw.framework_id), bool(allocations), now)
-                          for _, fw in sorted(self.frameworks.items()))
-        return Cycle(self.cycle, tuple(allocations), decisions)
+                entry = cands.pop(i)  # it took all it may use of this agent
+                if fid in fresh:
+                    _remove(fresh_order if cands is order else order, entry)
+                taken.append(fid)
+                usable.clear()
+                free_ok = allocatable(agent.free)
+            for fid in taken:
+                entry = (self.sorter.key(fid), fid)
+                insort(order, entry)
+                if fid in fresh:
+                    insort(fresh_order, entry)
+            if free_ok:
+                idle.add(agent_id)
+            else:
+                idle.discard(agent_id)
+        return len(visit)
 
     def _offer(self, agent: Agent, fw: Framework, offer: Resources, n: int) -> Allocation:
-        share = self.sorter.share(fw.framework_id)
         fid = fw.framework_id
-        agent.offered[fid] = agent.offered.get(fid, Resources()) + offer
-        agent.free -= offer
+        dominant_share, dominant_resource, weight = self.sorter.dominant(fid)
+        held = agent.offered.get(fid)
+        agent.offered[fid] = offer if held is None else held + offer
+        agent.free = NOTHING if offer is agent.free else agent.free - offer
         fw.agents.add(agent.agent_id)
         self.sorter.allocated(fid, offer)
         return Allocation(f"{self.id_prefix}{self.cycle}-{n}", fid, agent.agent_id, fw.role,
-                          offer, share.dominant_share, share.dominant_resource, share.weight,
-                          self.cycle)
-
-    def _decide(self, fw: Framework, note: _Notes | None, any_offered: bool,
-                now: float) -> Decision:
-        share = self.sorter.share(fw.framework_id)
-        ids: tuple[str, ...] = ()
-        filtered = 0
-        if not fw.active:
-            outcome, reason = Outcome.INACTIVE, "not subscribed (disconnected or failing over)"
-        elif fw.suppressed or note is None:
-            outcome = Outcome.SUPPRESSED
-            reason = f"suppressed offers for role {fw.role}; REVIVE to get offers again"
-        else:
-            ids, filtered = tuple(note.allocation_ids), note.agents_filtered
-            if ids:
-                outcome = Outcome.OFFERED
-                reason = (f"offered {len(ids)} agent(s) at dominant share "
-                          f"{share.dominant_share:.3f} ({share.dominant_resource or '-'}), "
-                          f"weight {share.weight:g}")
-            elif note.first_filtered is not None:
-                agent_id, until = note.first_filtered
-                outcome = Outcome.FILTERED
-                reason = (f"{filtered} agent(s) filtered by its declines, e.g. {agent_id} "
-                          f"until t={until:.3f}")
-            elif any_offered:
-                outcome = Outcome.FAIR_SHARE
-                reason = (f"frameworks with a lower weighted share took the free resources "
-                          f"(its share {share.key:.3f})")
-            else:
-                outcome = Outcome.NO_FIT
-                reason = (f"no agent has free resources of role {fw.role} or '*' above "
-                          f"cpus {self._min_cpus / MILLI:g} or mem {self._min_mem / MILLI:g}")
-        return Decision(fw.framework_id, fw.role, outcome, reason, share.dominant_share,
-                        share.dominant_resource, share.weight, share.shares, ids, filtered,
-                        self.cycle, now)
+                          offer, dominant_share, dominant_resource, weight, self.cycle)
 
     def _allocatable(self, r: Resources) -> bool:
         cpus = mem = 0
@@ -456,46 +377,34 @@ class AllocatorCore:
                 cpus += v
             elif name == "mem":
                 mem += v
-        return cpus >= self._min_cpus or mem >= self._min_mem
+        return cpus >= self.min_cpus or mem >= self.min_mem
 
-    def _refusal(self, framework_id: str, agent_id: str, offer: Resources,
-                 now: float) -> float | None:
-        """The latest expiry among the framework's filters refusing `offer` on the agent."""
-        by_agent = self.filters.get(framework_id)
-        flts = by_agent.get(agent_id) if by_agent else None
-        if not flts:
-            return None
-        return max((f.expires_at for f in flts if f.refuses(offer, now)), default=None)
-
-    def next_filter_expiry(self, now: float) -> float | None:
-        """When the earliest decline filter still in force ends (its resources may then be
-        offered again), or None."""
-        return min((f.expires_at for by_agent in self.filters.values()
-                    for flts in by_agent.values() for f in flts if f.expires_at > now),
-                   default=None)
-
-    def _expire_filters(self, now: float) -> None:
-        while self._expiries and self._expiries[0][0] <= now:
-            flt = heapq.heappop(self._expiries)[2]
-            by_agent = self.filters.get(flt.framework_id)
-            flts = by_agent.get(flt.agent_id) if by_agent else None
-            if by_agent is None or not flts or flt not in flts:
-                continue  # already gone: revive, or its agent or framework was removed
-            flts.remove(flt)
-            if not flts:
-                del by_agent[flt.agent_id]
-                if not by_agent:
-                    del self.filters[flt.framework_id]
+    def idle_filtered(self, fw: Framework) -> list[tuple[str, float]]:
+        """(agent, filter expiry) of the idle agents whose free resources of its role the
+        framework's filters refuse (why it is offered nothing there), in the order agents
+        were added."""
+        out = []
+        for agent_id, flts in self.filters.of(fw.framework_id):
+            if agent_id in self._idle:
+                offer = _usable(self.agents[agent_id].free, fw.role)
+                if self._allocatable(offer):
+                    until = max((f.expires_at for f in flts if f.refuses(offer, -math.inf)),
+                                default=None)
+                    if until is not None:
+                        out.append((agent_id, until))
+        return sorted(out, key=lambda e: self.agents[e[0]].seq)
 
     # -- helpers -----------------------------------------------------------------------
     def _give_back(self, agent: Agent, fw: Framework, held: dict[str, Resources],
                    resources: Resources) -> None:
         fid = fw.framework_id
         _set(held, fid, held[fid] - resources)
-        agent.free += resources
+        agent.free = agent.free + resources if agent.free else resources
         if fid not in agent.offered and fid not in agent.used:
             fw.agents.discard(agent.agent_id)
         self.sorter.unallocated(fid, resources)
+        self._dirty.add(agent.agent_id)
+        self._touched.add(fid)
 
     def _agent(self, agent_id: str) -> Agent:
         try:
@@ -536,16 +445,56 @@ class AllocatorCore:
                                              or fid in self.agents[a].used)
                        for a in fw.agents), f"{fid}: stale agents {fw.agents}"
             assert dict(self.sorter.allocation(fid)) == scalar_vector(held[fid]), fid
-        for fid, by_agent in self.filters.items():
-            assert fid in self.frameworks, f"filter for unknown framework {fid}"
-            for agent_id, flts in by_agent.items():
-                assert agent_id in self.agents, f"filter for unknown agent {agent_id}"
-                assert flts and all(f.framework_id == fid and f.agent_id == agent_id
-                                    for f in flts)
+        self.filters.validate(self.agents, self.frameworks)
         self.sorter.validate()
+        self._validate_incremental()
+
+    def _validate_incremental(self) -> None:
+        """What makes skipping agents sound: an agent with allocatable free resources is
+        dirty or idle, and an idle one is refused by every eligible framework that is not
+        fresh (a filter in the table, expired or not, or nothing of its role)."""
+        assert self._dirty <= self.agents.keys() and self._idle <= self.agents.keys()
+        assert self._fresh <= self.frameworks.keys()
+        assert self._touched <= self.frameworks.keys()
+        assert self.decisions.keys() <= self.frameworks.keys()
+        for agent_id, agent in self.agents.items():
+            if agent_id in self._dirty or not self._allocatable(agent.free):
+                continue
+            assert agent_id in self._idle, f"{agent_id}: allocatable, neither dirty nor idle"
+            for fid, fw in self.frameworks.items():
+                if not fw.active or fw.suppressed or fid in self._fresh:
+                    continue
+                offer = _usable(agent.free, fw.role)
+                assert not self._allocatable(offer) or any(
+                    f.refuses(offer, -math.inf) for f in self.filters.on(agent_id).get(fid, ())
+                ), f"idle {agent_id} would be offered to {fid}"
 
 
 # -- resource helpers ------------------------------------------------------------------------
+
+
+def _usable(free: Resources, role: str) -> Resources:
+    """free.for_role(role), without a copy when all of it is usable (the common case)."""
+    for keys in (free.scalars, free.ranges, free.sets):
+        for _, r in keys:
+            if r != UNRESERVED and r != role:
+                return free.for_role(role)
+    return free
+
+
+def _refusal(flts: list[Filter], offer: Resources, now: float) -> float | None:
+    """The latest expiry among the filters refusing `offer`, or None."""
+    latest = None
+    for f in flts:
+        if f.refuses(offer, now) and (latest is None or f.expires_at > latest):
+            latest = f.expires_at
+    return latest
+
+
+def _remove(order: Order, entry: tuple[float, str]) -> None:
+    i = bisect_left(order, entry)
+    if i < len(order) and order[i] == entry:
+        del order[i]
 
 
 def _refuse_seconds(seconds: float | None) -> float:

@@ -5,6 +5,7 @@ changed decisions, which the broker relays to the master's state stream)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from collections import Counter
@@ -35,6 +36,7 @@ log = get_logger("allocator")
 # (or under a provider a test installs) are real; propagation works either way.
 tracer = trace.get_tracer("offerbus.allocator")
 MAX_SKIPPED = 20  # decisions listed on an allocate span
+FRAME_MARGIN = 64 * 1024  # room in a frame for the envelope around a message
 
 Role = codec.Role
 Recover = internal_pb2.InternalMessage.RecoverResources
@@ -90,7 +92,7 @@ class AllocatorShell(ServiceKit):
         """Start afresh: an empty core, rebuilt from the state stream (DESIGN §4)."""
         self.core = AllocatorCore(id_prefix=f"a{epoch}-")
         self.feed = StreamFeed(self.core)
-        self.decisions.clear()
+        self.decisions = {}
         self.subscriber = StateSubscriber(
             self.reactor, self.ctx, self.sender, self._on_state,
             heartbeat_interval=self.config.heartbeat_interval, max_missed=self.config.max_missed,
@@ -278,41 +280,57 @@ class AllocatorShell(ServiceKit):
         cycle = core.allocate(now)
         self._cycle_seconds.observe(time.perf_counter() - started)
         self._account(cycle, now)
-        if cycle.allocations:
-            self._send(self._traced_allocations(cycle, started_ns))
+        for msg in self._allocation_messages(cycle, started_ns):
+            self._send(msg)
         self._tell_decisions(cycle)
         self._wake_for_filters(core, now)
 
-    def _traced_allocations(self, cycle: Cycle, started_ns: int) -> internal_pb2.InternalMessage:
-        """The cycle's Allocations, each the root of a new trace: one `allocate` span per
-        allocation (spanning the cycle), its traceparent in Allocation.traceparent."""
+    def _allocation_messages(self, cycle: Cycle, started_ns: int
+                             ) -> list[internal_pb2.InternalMessage]:
+        """The cycle's Allocations, in as few messages as fit a frame (one, unless the cycle
+        is larger than a frame), each allocation the root of a new trace: one `allocate`
+        span per allocation (spanning the cycle), its traceparent in Allocation.traceparent;
+        the span lists frameworks the cycle decided on that did not get this agent."""
+        if not cycle.allocations:
+            return []
         ended_ns = time.time_ns()
         agents: dict[str, set[str]] = {}  # framework -> agents allocated to it this cycle
         for a in cycle.allocations:
             agents.setdefault(a.framework_id, set()).add(a.agent_id)
-        msg = internal_pb2.InternalMessage()
+        said = [(d.framework_id, d.outcome is Outcome.OFFERED,
+                 f"{d.framework_id}: {d.outcome.name}: {d.reason}") for d in cycle.remade]
+        limit = getattr(self.dealer, "frame_limit", codec.DEFAULT_FRAME_LIMIT) - FRAME_MARGIN
+        out: list[internal_pb2.InternalMessage] = []
+        msg, size = internal_pb2.InternalMessage(), 0
         for a in cycle.allocations:
-            skipped = [f"{d.framework_id}: {d.outcome.name}: {d.reason}"
-                       for d in cycle.decisions
-                       if d.framework_id != a.framework_id and (
-                           d.outcome is not Outcome.OFFERED
-                           or a.agent_id not in agents.get(d.framework_id, ()))]
+            skipped = list(itertools.islice(
+                (text for fid, offered, text in said if fid != a.framework_id and (
+                    not offered or a.agent_id not in agents.get(fid, ()))), MAX_SKIPPED))
             span = tracer.start_span(spans.ALLOCATE, start_time=started_ns, attributes={
                 spans.ALLOCATION_ID: a.allocation_id, spans.FRAMEWORK_ID: a.framework_id,
                 spans.AGENT_ID: a.agent_id, spans.ROLE: a.role,
                 spans.RESOURCES: str(a.resources), spans.DOMINANT_SHARE: a.dominant_share,
                 spans.DOMINANT_RESOURCE: a.dominant_resource, spans.WEIGHT: a.weight,
-                spans.CYCLE: a.cycle, spans.SKIPPED: skipped[:MAX_SKIPPED]})
+                spans.CYCLE: a.cycle, spans.SKIPPED: skipped})
             span.end(end_time=ended_ns)
             proto = a.to_proto()
             proto.traceparent = span_traceparent(span)
+            n = proto.ByteSize() + 8  # its tag and length
+            if size and size + n > limit:
+                out.append(msg)
+                msg, size = internal_pb2.InternalMessage(), 0
             msg.allocations.allocations.append(proto)
-        return msg
+            size += n
+        out.append(msg)
+        return out
 
     def _tell_decisions(self, cycle: Cycle) -> None:
         """Decisions that changed go to the master (through the broker), which publishes
-        them on the state stream for `offerbus why`; /decisions serves all of them."""
-        changed = [d for d in cycle.decisions
+        them on the state stream for `offerbus why`; /decisions serves all of them. Those
+        the cycle re-made, or every standing one when the master knows none (a new master
+        or broker link cleared what it was told)."""
+        made = cycle.remade if self._told else self.decisions.values()
+        changed = [d for d in made
                    if self._told.get(d.framework_id) != (d.outcome.value, d.reason)]
         if not changed:
             return
@@ -335,9 +353,10 @@ class AllocatorShell(ServiceKit):
     def _account(self, cycle: Cycle, now: float) -> None:
         self.stats.inc("allocations", len(cycle.allocations))
         self.last_cycle = (cycle.cycle, now)
-        for d in cycle.decisions:
+        for d in cycle.remade:
             self.stats.inc(f"decisions{{outcome={d.outcome.name.lower()}}}")
-        self.decisions = {d.framework_id: d for d in cycle.decisions}
+        if self.core is not None:
+            self.decisions = self.core.decisions  # the standing one per framework
 
     # -- outbound ------------------------------------------------------------------------
     def _send(self, msg: internal_pb2.InternalMessage) -> None:
@@ -364,7 +383,7 @@ class AllocatorShell(ServiceKit):
         return self.leader.epoch if self.leader is not None else None
 
     def _http_decisions(self, query: dict[str, list[str]]) -> Response:
-        """The latest cycle's decision per framework (`?framework=ID` for one)."""
+        """The standing decision per framework (`?framework=ID` for one)."""
         wanted = set(query.get("framework", ()))
         msg = internal_pb2.InternalMessage.AllocatorDecisions(decisions=[
             d.to_proto() for fid, d in sorted(self.decisions.items())

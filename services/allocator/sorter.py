@@ -50,6 +50,7 @@ class Sorter(Protocol):
     def remove_total(self, resources: Resources) -> None: ...
     def key(self, client: str) -> float: ...
     def share(self, client: str) -> Share: ...
+    def dominant(self, client: str) -> tuple[float, str, float]: ...
     def sort(self, clients: Iterable[str]) -> list[tuple[float, str]]: ...
     def allocation(self, client: str) -> Mapping[str, int]: ...
     def validate(self) -> None: ...
@@ -114,6 +115,17 @@ class DRFSorter:
         weight = self._weights[client]
         return Share(dominant / weight, dominant, resource, weight, shares)
 
+    def dominant(self, client: str) -> tuple[float, str, float]:
+        """(dominant share, its resource, weight): `share` without the per-resource map
+        (once per allocation)."""
+        vec, total = self._vector(client), self.total
+        best, resource = 0.0, ""
+        for n in DRF_RESOURCES:
+            v, t = vec.get(n), total.get(n)
+            if v and t and v / t > best:
+                best, resource = v / t, n
+        return best, resource, self._weights[client]
+
     def sort(self, clients: Iterable[str]) -> list[tuple[float, str]]:
         """(key, client) pairs, lowest weighted dominant share first."""
         return sorted((self.key(c), c) for c in clients)
@@ -126,6 +138,10 @@ class DRFSorter:
         assert all(w > 0 and math.isfinite(w) for w in self._weights.values())
         for vec in (self.total, *self._allocated.values()):
             assert all(v > 0 for v in vec.values()), vec
+        for client in self._allocated:
+            share = self.share(client)
+            assert self.dominant(client) == (share.dominant_share, share.dominant_resource,
+                                             share.weight), client
 
     def _vector(self, client: str) -> dict[str, int]:
         try:

@@ -1,0 +1,64 @@
+"""A framework's decision after an allocation cycle (`offerbus why`): offered, suppressed,
+inactive, filtered by its declines, out-shared by lower shares, or nothing fits.
+
+Made for the frameworks a cycle concerns (see AllocatorCore): offered, suppressed and
+inactive are exactly what a full scan would say. Among the reasons for no offer, the
+incremental cycle sees less than a full scan (agents it does not visit, frameworks it does
+not consider on idle agents), so it may tell them apart differently, never untruly: it says
+filtered only when its filters refuse some agent, nothing fits only when no agent has
+free resources of its role."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from services.allocator.model import Decision, Framework, Notes, Outcome
+from services.resources import MILLI
+
+if TYPE_CHECKING:
+    from services.allocator.core import AllocatorCore
+
+
+def decide(core: AllocatorCore, fw: Framework, note: Notes | None, any_offered: bool,
+           now: float) -> Decision:
+    """From what the cycle saw of the framework (`note`: None = it was not considered at
+    any visited agent). A framework offered nothing and filtered nowhere this cycle may
+    still be refused by its filters on idle agents (not visited): that is said first, as a
+    full scan would find it there before anything else."""
+    share = core.sorter.share(fw.framework_id)
+    ids: tuple[str, ...] = ()
+    filtered = 0
+    if not fw.active:
+        outcome, reason = Outcome.INACTIVE, "not subscribed (disconnected or failing over)"
+    elif fw.suppressed:
+        outcome = Outcome.SUPPRESSED
+        reason = f"suppressed offers for role {fw.role}; REVIVE to get offers again"
+    else:
+        note = note or Notes()
+        ids, filtered = tuple(note.allocation_ids), note.agents_filtered
+        first = note.first_filtered
+        if not ids and first is None:
+            idle = core.idle_filtered(fw)
+            if idle:
+                filtered, first = len(idle), idle[0]
+        if ids:
+            outcome = Outcome.OFFERED
+            reason = (f"offered {len(ids)} agent(s) at dominant share "
+                      f"{share.dominant_share:.3f} ({share.dominant_resource or '-'}), "
+                      f"weight {share.weight:g}")
+        elif first is not None:
+            agent_id, until = first
+            outcome = Outcome.FILTERED
+            reason = (f"{filtered} agent(s) filtered by its declines, e.g. {agent_id} "
+                      f"until t={until:.3f}")
+        elif any_offered:
+            outcome = Outcome.FAIR_SHARE
+            reason = (f"frameworks with a lower weighted share took the free resources "
+                      f"(its share {share.key:.3f})")
+        else:
+            outcome = Outcome.NO_FIT
+            reason = (f"no agent has free resources of role {fw.role} or '*' above "
+                      f"cpus {core.min_cpus / MILLI:g} or mem {core.min_mem / MILLI:g}")
+    return Decision(fw.framework_id, fw.role, outcome, reason, share.dominant_share,
+                    share.dominant_resource, share.weight, share.shares, ids, filtered,
+                    core.cycle, now)

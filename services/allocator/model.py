@@ -1,0 +1,168 @@
+"""The allocator's state and its outputs as values: agents, frameworks and decline filters
+as the core holds them; allocations, decisions and cycles as it hands them out."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from schemas import internal_pb2
+from services.resources import Resources
+
+Attributes = Mapping[str, str | float]
+
+
+class AllocatorError(ValueError):
+    """An event that does not fit the allocator's state (an illegal transition)."""
+
+
+# -- state ---------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Agent:
+    """An agent's resources, split by framework into offered (outstanding offers) and used
+    (tasks seen on the state stream); `free` is what neither holds."""
+
+    agent_id: str
+    hostname: str
+    total: Resources
+    attributes: Attributes
+    free: Resources
+    seq: int = 0  # the order agents were added in: the order a cycle visits them
+    offered: dict[str, Resources] = field(default_factory=dict)
+    used: dict[str, Resources] = field(default_factory=dict)
+
+    def allocated(self) -> Resources:
+        out = Resources()
+        for r in (*self.offered.values(), *self.used.values()):
+            out += r
+        return out
+
+
+@dataclass(slots=True)
+class Framework:
+    framework_id: str
+    role: str
+    active: bool
+    suppressed_roles: set[str] = field(default_factory=set)
+    agents: set[str] = field(default_factory=set)  # where it holds offered or used resources
+
+    @property
+    def suppressed(self) -> bool:
+        return self.role in self.suppressed_roles
+
+
+@dataclass(frozen=True, slots=True)
+class Filter:
+    """A decline filter: do not offer `resources` (None = anything) of this agent to this
+    framework before `expires_at`. Like Mesos, an offer is refused only when the filter's
+    resources contain it: once more is free, the agent is offered again."""
+
+    framework_id: str
+    agent_id: str
+    resources: Resources | None
+    expires_at: float
+
+    def refuses(self, offer: Resources, now: float) -> bool:
+        r = self.resources
+        return now < self.expires_at and (r is None or r is offer or r == offer
+                                          or r.contains(offer))
+
+
+# -- outputs -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """Command: offer `resources` of `agent_id` to `framework_id` (the broker makes the offer).
+    The share, dominant resource and weight are the framework's before this allocation."""
+
+    allocation_id: str
+    framework_id: str
+    agent_id: str
+    role: str
+    resources: Resources
+    dominant_share: float
+    dominant_resource: str
+    weight: float
+    cycle: int
+
+    def to_proto(self) -> internal_pb2.Allocation:
+        return internal_pb2.Allocation(
+            allocation_id=self.allocation_id, framework_id=self.framework_id,
+            agent_id=self.agent_id, role=self.role, resources=self.resources.to_proto(),
+            dominant_share=self.dominant_share, dominant_resource=self.dominant_resource,
+            weight=self.weight, cycle=self.cycle)
+
+
+class Outcome(enum.Enum):
+    """internal.proto AllocatorDecision.Outcome (QUOTA_LIMIT unused until quotas)."""
+
+    OFFERED = "OUTCOME_OFFERED"
+    SUPPRESSED = "OUTCOME_SUPPRESSED"
+    FILTERED = "OUTCOME_FILTERED"
+    NO_FIT = "OUTCOME_NO_FIT"
+    FAIR_SHARE = "OUTCOME_FAIR_SHARE"
+    INACTIVE = "OUTCOME_INACTIVE"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A framework's standing after one allocation cycle, for `offerbus why`."""
+
+    framework_id: str
+    role: str
+    outcome: Outcome
+    reason: str
+    dominant_share: float
+    dominant_resource: str
+    weight: float
+    shares: Mapping[str, float]
+    allocation_ids: tuple[str, ...]
+    agents_filtered: int
+    cycle: int
+    decided_at: float
+
+    def to_proto(self) -> internal_pb2.AllocatorDecision:
+        return internal_pb2.AllocatorDecision(
+            framework_id=self.framework_id, role=self.role,
+            outcome=internal_pb2.AllocatorDecision.Outcome.Value(self.outcome.value),
+            reason=self.reason, dominant_share=self.dominant_share,
+            dominant_resource=self.dominant_resource, weight=self.weight,
+            shares=dict(self.shares), allocation_ids=list(self.allocation_ids),
+            agents_filtered=self.agents_filtered, cycle=self.cycle,
+            decided_at_us=int(self.decided_at * 1_000_000))
+
+
+@dataclass(frozen=True)
+class Cycle:
+    """The result of one `allocate`: allocations to send, every framework's standing
+    decision, and those of them re-made in this cycle (the rest stand from earlier ones)."""
+
+    cycle: int
+    allocations: tuple[Allocation, ...]
+    decisions: tuple[Decision, ...]
+    remade: tuple[Decision, ...] = ()
+    visited: int = 0  # agents the cycle looked at
+
+    def allocations_message(self) -> internal_pb2.InternalMessage:
+        msg = internal_pb2.InternalMessage()
+        msg.allocations.allocations.extend(a.to_proto() for a in self.allocations)
+        return msg
+
+    def decisions_message(self) -> internal_pb2.InternalMessage:
+        msg = internal_pb2.InternalMessage()
+        msg.allocator_decisions.decisions.extend(d.to_proto() for d in self.decisions)
+        return msg
+
+
+@dataclass(slots=True)
+class Notes:
+    """What one cycle saw of one framework, to explain its decision."""
+
+    allocation_ids: list[str] = field(default_factory=list)
+    agents_filtered: int = 0
+    first_filtered: tuple[str, float] | None = None  # (agent, filter expiry)
+    no_fit: int = 0
