@@ -36,7 +36,6 @@ log = get_logger("allocator")
 # (or under a provider a test installs) are real; propagation works either way.
 tracer = trace.get_tracer("offerbus.allocator")
 MAX_SKIPPED = 20  # decisions listed on an allocate span
-FRAME_MARGIN = 64 * 1024  # room in a frame for the envelope around a message
 
 Role = codec.Role
 Recover = internal_pb2.InternalMessage.RecoverResources
@@ -299,7 +298,7 @@ class AllocatorShell(ServiceKit):
             agents.setdefault(a.framework_id, set()).add(a.agent_id)
         said = [(d.framework_id, d.outcome is Outcome.OFFERED,
                  f"{d.framework_id}: {d.outcome.name}: {d.reason}") for d in cycle.remade]
-        limit = getattr(self.dealer, "frame_limit", codec.DEFAULT_FRAME_LIMIT) - FRAME_MARGIN
+        limit = getattr(self.dealer, "frame_limit", codec.DEFAULT_FRAME_LIMIT) - codec.FRAME_MARGIN
         out: list[internal_pb2.InternalMessage] = []
         msg, size = internal_pb2.InternalMessage(), 0
         for a in cycle.allocations:

@@ -65,6 +65,28 @@ class SendOffers:
             offers=[o.to_proto() for o in self.offers]))
         return _framework_event(self.framework_id, ev)
 
+    def to_protos(self, max_bytes: int) -> list[internal_pb2.InternalMessage]:
+        """The offers, in order, in as few messages as stay within `max_bytes` each (one
+        unless they are more than a frame holds: 10,000 agents offered to one framework)."""
+        out: list[internal_pb2.InternalMessage] = []
+        batch: list[common_pb2.Offer] = []
+        size = 0
+        for offer in self.offers:
+            proto = offer.to_proto()
+            n = proto.ByteSize() + 8  # the field's tag and length
+            if batch and size + n > max_bytes - 256:  # (the message around them)
+                out.append(self._message(batch))
+                batch, size = [], 0
+            batch.append(proto)
+            size += n
+        if batch:
+            out.append(self._message(batch))
+        return out
+
+    def _message(self, offers: list[common_pb2.Offer]) -> internal_pb2.InternalMessage:
+        return _framework_event(self.framework_id, scheduler_pb2.SchedulerEvent(
+            offers=scheduler_pb2.SchedulerEvent.Offers(offers=offers)))
+
 
 @dataclass(frozen=True)
 class Rescind:

@@ -344,6 +344,10 @@ class BrokerShell(ServiceKit):
                     dataclasses.replace(o, traceparent=self.traces.offers.get(o.offer_id, ""))
                     for o in cmd.offers))
                 traceparent = cmd.offers[0].traceparent
+                limit = self.to_master.frame_limit if self.to_master is not None else 0
+                for msg in cmd.to_protos(limit - codec.FRAME_MARGIN):
+                    self._send_master(msg, traceparent)
+                continue
             elif isinstance(cmd, Rescind):
                 name = RescindReason.Name(cmd.reason)  # type: ignore[arg-type]
                 reason = name.removeprefix("RESCIND_REASON_").lower()

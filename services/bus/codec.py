@@ -15,6 +15,9 @@ from schemas import bus_pb2, envelope_pb2
 
 PROTOCOL_VERSION = 1
 DEFAULT_FRAME_LIMIT = 4 * 1024 * 1024  # bytes; a snapshot larger than this is chunked
+# Room in a frame for the envelope around a message: a sender splitting a batch to fit a
+# frame fills each message up to DEFAULT_FRAME_LIMIT - FRAME_MARGIN.
+FRAME_MARGIN = 64 * 1024
 
 Envelope = envelope_pb2.Envelope
 Role = envelope_pb2.Role

@@ -406,3 +406,22 @@ def test_recovery_proto_always_carries_an_explicit_filter() -> None:
     assert list(resc.to_proto().framework_event.event.rescind.offer_ids) == ["o"]
     req = LaunchRequest("r", "f1", "a1", ("o",), (launch(task("t", cpus=1)),))
     assert req.to_proto().launch_request.operations[0].launch.tasks[0].task_id == "t"
+
+
+def test_offers_of_one_framework_go_in_messages_that_fit_a_frame() -> None:
+    # 10,000 agents offered to a new framework in one cycle made one 4 MiB+ message, which
+    # the bus refused: the framework never saw an offer.
+    from services.broker.commands import Offer
+    from services.bus import codec
+
+    res = Resources.of(cpus=8, mem=16384, ports=[(31000, 31099), (32000, 32099)])
+    offers = tuple(Offer(offer_id=f"e7-o{i}", framework_id="f1", agent_id=f"agent-{i:05d}",
+                         hostname=f"host-{i:05d}.example.internal", resources=res, role="*",
+                         created_at=T0, expires_at=T0 + 30, allocation_id=f"al{i}",
+                         traceparent="00-" + "1" * 32 + "-" + "2" * 16 + "-01")
+                   for i in range(20_000))
+    limit = codec.DEFAULT_FRAME_LIMIT - codec.FRAME_MARGIN
+    msgs = SendOffers("f1", offers).to_protos(limit)
+    assert len(msgs) > 1 and all(m.ByteSize() <= limit for m in msgs)
+    sent = [o.offer_id for m in msgs for o in m.framework_event.event.offers.offers]
+    assert sent == [o.offer_id for o in offers]  # all, once, in order
