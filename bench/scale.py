@@ -242,8 +242,11 @@ class Run:
             except TimeoutError as exc:
                 raise TimeoutError(f"{exc}: {self.emulator_state()['agents']}") from None
         took = timing[1]
-        registered = gauges(self.master_http(), "offerbus_master_agents")
-        assert registered.get("AGENT_STATUS_REGISTERED") == self.n, registered
+        # The master's view of its own state is a copy kept off its reactor: it may lag
+        # the replies the emulator has already had by a moment.
+        _wait(lambda: gauges(self.master_http(), "offerbus_master_agents").get(
+            "AGENT_STATUS_REGISTERED") == self.n, 30, f"the master's /metrics: {self.n} "
+              "agents registered")
         self.row["registration_s"] = took
         progress(f"{self.n} agents: all registered in {took:.2f}s ({self.n / took:.0f}/s)")
 
