@@ -34,6 +34,10 @@ from services.executor.runtime import (
 
 log = get_logger("executor.docker")
 
+# The engine's API version, learnt once by the agent's fork server (learn_api_version) and
+# inherited by every executor it forks: a client made without a version asks the engine first.
+_api_version: str | None = None
+CLIENT_POOL_SIZE = 1024  # connections kept per client: a host's tasks each hold one (wait)
 KILL_WAIT_S = 10.0  # after SIGKILL, how long to wait for the engine to report the exit
 EXEC_KILL_WAIT_S = 2.0  # after killing a timed-out exec, how long its reader may take
 
@@ -43,7 +47,8 @@ class DockerRuntime:
 
     def __init__(self, client: Any | None = None, *, init: bool = True) -> None:
         # docker-init as PID 1 forwards SIGTERM to the task and reaps its zombies.
-        self.client = client if client is not None else docker.from_env(timeout=60)
+        self.client = client if client is not None else docker.from_env(
+            timeout=60, version=_api_version, max_pool_size=CLIENT_POOL_SIZE)
         self.api = self.client.api
         self.init = init
 
@@ -220,6 +225,22 @@ class DockerRuntime:
         except (DockerException, requests.RequestException) as exc:
             log.warning("could not remove a container that failed to start",
                         container=container_id, error=_explain(exc))
+
+
+def learn_api_version(timeout: float = 5.0) -> str | None:
+    """Ask the engine its API version (one round trip) and keep it for the clients this process
+    and its forks make. No engine (a process-runtime agent): None, and clients ask as before."""
+    global _api_version
+    try:
+        api = docker.from_env(timeout=timeout).api
+        try:
+            _api_version = str(api.api_version)
+        finally:
+            api.close()  # no connection may be shared with the forks
+    except (DockerException, requests.RequestException, OSError) as exc:
+        log.info("no Docker engine to ask its API version", error=str(exc))
+        _api_version = None
+    return _api_version
 
 
 def _process_tree(root: int) -> list[int]:
