@@ -36,6 +36,7 @@ from services.bus.log import get_logger
 log = get_logger("agent.launcher")
 
 REPLY_TIMEOUT_S = 30.0  # the first reply waits for the helper's imports (~0.3 s on 2 cores)
+HOSTS_ENV = "OFFERBUS_EXECUTOR_HOSTS"  # "0": a process per executor (for comparisons)
 HOSTS_DIR = "executor-hosts"  # under the agent's work dir: each host's log, stdout, stderr
 HOST_REPLY_TIMEOUT_S = 20.0  # an executor host answers a launch in ms; past this it failed
 PRELOAD = ("services.executor.shell", "services.executor.docker_runtime",
@@ -79,9 +80,10 @@ class ExecutorLauncher:
     back (a fork takes a few ms), so the agent's reactor thread may call it."""
 
     def __init__(self, work_dir: str | os.PathLike[str], *, python: str = sys.executable,
-                 reply_timeout: float = REPLY_TIMEOUT_S, hosts: bool = True) -> None:
+                 reply_timeout: float = REPLY_TIMEOUT_S, hosts: bool | None = None) -> None:
         self.work_dir = Path(work_dir)
-        self.hosts = hosts  # False: a process per executor (the old way)
+        # False: a process per executor (the old way); None: as HOSTS_ENV says (default on).
+        self.hosts = hosts if hosts is not None else os.environ.get(HOSTS_ENV, "1") != "0"
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.python = python
         self.reply_timeout = reply_timeout
