@@ -58,13 +58,14 @@ def floor_run(client: docker.DockerClient, n: int) -> float:
                               name=f"bench-floor-{i}")
 
     t = time.perf_counter()
-    with ThreadPoolExecutor(8) as pool:
-        list(pool.map(start, range(n)))
-    elapsed = time.perf_counter() - t
-    for c in client.containers.list(all=True, filters={"label": f"{LABEL}=floor"}):
-        c.remove(force=True)
-    _gone(client, f"{LABEL}=floor")
-    return elapsed
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(start, range(n)))
+        return time.perf_counter() - t
+    finally:  # also when interrupted
+        for c in client.containers.list(all=True, filters={"label": f"{LABEL}=floor"}):
+            c.remove(force=True)
+        _gone(client, f"{LABEL}=floor")
 
 
 # -- Docker Swarm, at its best -------------------------------------------------------------
