@@ -148,6 +148,7 @@ def main() -> None:
         for n in SIZES:
             times: dict[str, list[float]] = {s: [] for s in SYSTEMS}
             pss: list[float] = []
+            load: list[float] = []  # 1-minute load average after each run: how quiet it was
             for r in range(RUNS):
                 for system in SYSTEMS[k % 3:] + SYSTEMS[:k % 3]:  # none always runs first
                     if system == "floor":
@@ -159,11 +160,13 @@ def main() -> None:
                         times[system].append(elapsed)
                         pss.append(mib / n)
                 k += 1
+                load.append(os.getloadavg()[0])
                 progress(f"N={n} run {r + 1}/{RUNS}: floor {times['floor'][-1]:.2f}s, swarm "
                          f"{times['swarm'][-1]:.2f}s, offerbus {times['offerbus'][-1]:.2f}s, "
-                         f"{pss[-1]:.2f} MiB/task over {procs} processes")
+                         f"{pss[-1]:.2f} MiB/task over {procs} processes, load {load[-1]:.1f}")
             results[f"n{n}"] = {s: {"runs": v, **_summary(v)} for s, v in times.items()}
             results[f"n{n}"]["pss_mib_per_task"] = {"runs": pss, **_summary(pss)}
+            results[f"n{n}"]["load_average"] = load
     finally:
         local_cluster.down(run_dir)
         shutil.rmtree(run_dir, ignore_errors=True)
