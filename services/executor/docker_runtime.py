@@ -38,7 +38,7 @@ log = get_logger("executor.docker")
 # The engine's API version, learnt once by the agent's fork server (learn_api_version) and
 # inherited by every executor it forks: a client made without a version asks the engine first.
 _api_version: str | None = None
-CLIENT_POOL_SIZE = 64  # idle connections kept by a client (one pool for all paths: below)
+CLIENT_POOL_SIZE = 512  # connections a client keeps: a host's tasks each hold one in wait()
 KILL_WAIT_S = 10.0  # after SIGKILL, how long to wait for the engine to report the exit
 EXEC_KILL_WAIT_S = 2.0  # after killing a timed-out exec, how long its reader may take
 
