@@ -1,14 +1,23 @@
-"""Time from submit to N RUNNING containers (N = 20 and 50), three runs each, measured in one
-run on the same engine: Offerbus (the service framework through the SDK on a local
-3-agent cluster), a single-node Docker Swarm at its best (image by ID with
---no-resolve-image, polled through the API), and the floor: N containers started straight
-from the docker SDK by 8 threads."""
+"""Time from submit to N RUNNING containers (N = 20, 50 and 100), three runs each, measured in
+one run on the same engine, the systems' order rotated each run so none always goes first:
+Offerbus through its CLI as a user types it (`offerbus run --name X --image I --instances N
+-- sleep 3600` against a local 3-agent cluster: it returns once N instances are RUNNING), a
+single-node Docker Swarm at its best (image by ID with --no-resolve-image, polled through the
+API), and the floor: N containers started straight from the docker SDK by 8 threads. Also the
+agent-side memory per Offerbus task: the PSS (/proc/PID/smaps_rollup) of the processes serving
+the executors, divided by N, while the N tasks run.
+
+OFFERBUS_EXECUTOR_HOSTS=0 in the environment runs the agents with a process per executor (the
+old way), for a before/after comparison."""
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -18,16 +27,15 @@ from typing import Any
 import docker
 
 from bench.report import progress, write
-from frameworks.sdk.driver import SchedulerDriver
-from frameworks.service import ServiceScheduler, ServiceSpec
-from schemas import common_pb2
+from services.agent.launcher import HOSTS_ENV
 from services.cli import cluster as local_cluster
 
 IMAGE = "offerbus/busybox:latest"
-SIZES = (20, 50)
+SIZES = (20, 50, 100)
 RUNS = 3
 LABEL = "org.offerbus.bench"
-DEADLINE = 180.0
+DEADLINE = 240.0
+SYSTEMS = ("floor", "swarm", "offerbus")
 
 
 def _wait(predicate: Any, timeout: float, what: str) -> None:
@@ -40,7 +48,7 @@ def _wait(predicate: Any, timeout: float, what: str) -> None:
 
 def _gone(client: docker.DockerClient, label: str) -> None:
     _wait(lambda: not client.containers.list(all=True, sparse=True,
-                                             filters={"label": label}), 60, "cleanup")
+                                             filters={"label": label}), 120, "cleanup")
 
 
 # -- the floor: the docker SDK, 8 threads ------------------------------------------------
@@ -50,12 +58,14 @@ def floor_run(client: docker.DockerClient, n: int) -> float:
                               name=f"bench-floor-{i}")
 
     t = time.perf_counter()
-    with ThreadPoolExecutor(8) as pool:
-        list(pool.map(start, range(n)))
-    elapsed = time.perf_counter() - t
-    for c in client.containers.list(all=True, filters={"label": f"{LABEL}=floor"}):
-        c.remove(force=True)
-    return elapsed
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(start, range(n)))
+        return time.perf_counter() - t
+    finally:  # also when interrupted
+        for c in client.containers.list(all=True, filters={"label": f"{LABEL}=floor"}):
+            c.remove(force=True)
+        _gone(client, f"{LABEL}=floor")
 
 
 # -- Docker Swarm, at its best -------------------------------------------------------------
@@ -74,88 +84,117 @@ def swarm_run(client: docker.DockerClient, image_id: str, n: int) -> float:
     _wait(all_running, DEADLINE, f"swarm: {n} running")
     elapsed = time.perf_counter() - t
     service.remove()
-    swarm_label = "com.docker.swarm.service.name=bench-swarm"
-    _wait(lambda: not client.containers.list(all=True, sparse=True,
-                                             filters={"label": swarm_label}), 60, "swarm cleanup")
+    _gone(client, "com.docker.swarm.service.name=bench-swarm")
     return elapsed
 
 
-# -- Offerbus --------------------------------------------------------------------------------
-def offerbus_run(client: docker.DockerClient, url: str, n: int, run: int) -> float:
+# -- Offerbus, through the CLI -----------------------------------------------------------------
+def _cli(run_dir: Path, *args: str, timeout: float = DEADLINE) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "services.cli", "--run-dir", str(run_dir),
+                           *args], capture_output=True, text=True, timeout=timeout, check=True)
+
+
+def executor_pss(run_dir: Path, name: str) -> tuple[float, int]:
+    """(PSS in MiB, processes) of the live processes that serve this service's executors:
+    each executor's log names its process (pid=) in its first line."""
+    pids = set()
+    for log in run_dir.glob(f"agents/*/sandboxes/{name}-*/executor.log"):
+        with open(log) as f:
+            match = re.search(r" pid=(\d+)", f.readline())
+        if match:
+            pids.add(int(match.group(1)))
+    total_kb = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                total_kb += sum(int(line.split()[1]) for line in f if line.startswith("Pss:"))
+        except OSError:
+            continue
+    return total_kb / 1024, len(pids)
+
+
+def offerbus_run(client: docker.DockerClient, run_dir: Path, n: int, run: int,
+                 ) -> tuple[float, float, int]:
+    """(seconds from `offerbus run` to its return with N RUNNING, PSS MiB, processes)."""
     name = f"bench{n}r{run}"
-    spec = ServiceSpec(name=name, image=IMAGE, instances=n, cpus=0.1, mem=32,
-                       command=["sleep", "3600"], kill_grace_s=0.2)
-    sched = ServiceScheduler(spec)
-    info = common_pb2.FrameworkInfo(name=name, role="*", principal=name, failover_timeout_s=5)
     t = time.perf_counter()
-    driver = SchedulerDriver(sched, info, url)
-    driver.start()
-
-    def running() -> bool:
-        with sched.lock:
-            return sum(1 for i in sched.instances.values() if i.state == "TASK_RUNNING") >= n
-
-    _wait(running, DEADLINE, f"offerbus: {n} running")
+    _cli(run_dir, "run", "--name", name, "--image", IMAGE, "--instances", str(n),
+         "--cpus", "0.1", "--mem", "32", "--", "sleep", "3600")
     elapsed = time.perf_counter() - t
-    fid = driver.framework_id
-    driver.stop(failover=False)
-    driver.join(10)
-    # Only this framework's containers: another cluster may share the engine (`make run`).
-    _gone(client, f"org.offerbus.framework_id={fid}")
-    return elapsed
-
-
-def _summary(xs: list[float]) -> dict[str, float]:
-    return {"min": min(xs), "median": statistics.median(xs), "max": max(xs)}
+    pss, procs = executor_pss(run_dir, name)
+    _cli(run_dir, "stop", name)
+    _gone(client, f"org.offerbus.cluster_id={local_cluster.known_cluster_id(run_dir)}")
+    return elapsed, pss, procs
 
 
 def main() -> None:
-    print("bench launch: submit -> N RUNNING containers (Offerbus, Docker Swarm, docker SDK)")
+    hosts = os.environ.get(HOSTS_ENV, "1") != "0"
+    print("bench launch: submit -> N RUNNING containers (Offerbus CLI, Docker Swarm, docker "
+          f"SDK); executors: {'hosts' if hosts else 'a process each'}")
     client = docker.from_env(timeout=120)
     image_id = client.images.get(IMAGE).id
-    results: dict[str, Any] = {"sizes": list(SIZES), "runs": RUNS, "image": IMAGE}
+    results: dict[str, Any] = {"sizes": list(SIZES), "runs": RUNS, "image": IMAGE,
+                               "executor_hosts": hosts}
     joined_swarm = client.info().get("Swarm", {}).get("LocalNodeState") != "active"
     if joined_swarm:
         subprocess.run(["docker", "swarm", "init", "--advertise-addr", "127.0.0.1"],
                        check=True, capture_output=True)
     run_dir = Path(tempfile.mkdtemp(prefix="offerbus-bench-"))
     try:
-        url = local_cluster.up(local_cluster.UpOptions(
+        local_cluster.up(local_cluster.UpOptions(
             run_dir=run_dir, agents=3, agent_resources="cpus:8;mem:8192;disk:10240;"
             "ports:[31000-31999]", standalone=False, timeout=90))
+        k = 0
         for n in SIZES:
-            times: dict[str, list[float]] = {"floor": [], "swarm": [], "offerbus": []}
+            times: dict[str, list[float]] = {s: [] for s in SYSTEMS}
+            pss: list[float] = []
+            load: list[float] = []  # 1-minute load average after each run: how quiet it was
             for r in range(RUNS):
-                systems = ["floor", "swarm", "offerbus"]
-                for system in systems[r % 3:] + systems[:r % 3]:  # none always runs first
+                for system in SYSTEMS[k % 3:] + SYSTEMS[:k % 3]:  # none always runs first
                     if system == "floor":
                         times[system].append(floor_run(client, n))
-                        _gone(client, f"{LABEL}=floor")
                     elif system == "swarm":
                         times[system].append(swarm_run(client, image_id, n))
                     else:
-                        times[system].append(offerbus_run(client, url, n, r))
+                        elapsed, mib, procs = offerbus_run(client, run_dir, n, r)
+                        times[system].append(elapsed)
+                        pss.append(mib / n)
+                k += 1
+                load.append(os.getloadavg()[0])
                 progress(f"N={n} run {r + 1}/{RUNS}: floor {times['floor'][-1]:.2f}s, swarm "
-                         f"{times['swarm'][-1]:.2f}s, offerbus {times['offerbus'][-1]:.2f}s")
-            results[f"n{n}"] = {k: {"runs": v, **_summary(v)} for k, v in times.items()}
+                         f"{times['swarm'][-1]:.2f}s, offerbus {times['offerbus'][-1]:.2f}s, "
+                         f"{pss[-1]:.2f} MiB/task over {procs} processes, load {load[-1]:.1f}")
+            results[f"n{n}"] = {s: {"runs": v, **_summary(v)} for s, v in times.items()}
+            results[f"n{n}"]["pss_mib_per_task"] = {"runs": pss, **_summary(pss)}
+            results[f"n{n}"]["load_average"] = load
     finally:
         local_cluster.down(run_dir)
         shutil.rmtree(run_dir, ignore_errors=True)
         if joined_swarm:
             subprocess.run(["docker", "swarm", "leave", "--force"], capture_output=True)
-    print(f"\n{'N':>4} {'docker SDK (floor)':>22} {'Swarm (by ID)':>22} {'Offerbus':>22}"
-          f" {'Offerbus/floor':>15} {'Offerbus/Swarm':>15}")
+    _table(results)
+    print(f"results: {write('launch' if hosts else 'launch-process-executors', results)}")
+
+
+def _summary(xs: list[float]) -> dict[str, float]:
+    return {"min": min(xs), "median": statistics.median(xs), "max": max(xs)}
+
+
+def _table(results: dict[str, Any]) -> None:
+    print(f"\n{'N':>4} {'docker SDK (floor)':>22} {'Swarm (by ID)':>22} {'Offerbus CLI':>22}"
+          f" {'Ob/floor':>9} {'Ob/Swarm':>9} {'PSS/task':>9}")
     for n in SIZES:
         row = results[f"n{n}"]  # name -> {"runs", "min", "median", "max"}
         cells = [f"{row[k]['median']:.2f}s ({row[k]['min']:.2f}-{row[k]['max']:.2f})"
-                 for k in ("floor", "swarm", "offerbus")]
+                 for k in SYSTEMS]
         of = row["offerbus"]["median"] / row["floor"]["median"]
         os_ = row["offerbus"]["median"] / row["swarm"]["median"]
         row["ratios"] = {"offerbus_over_floor": of, "offerbus_over_swarm": os_,
                          "swarm_over_floor": row["swarm"]["median"] / row["floor"]["median"]}
-        print(f"{n:>4} {cells[0]:>22} {cells[1]:>22} {cells[2]:>22} {of:>14.2f}x {os_:>14.2f}x")
-    print("(median of 3, min-max in brackets)")
-    print(f"results: {write('launch', results)}")
+        pss = row["pss_mib_per_task"]["median"]
+        print(f"{n:>4} {cells[0]:>22} {cells[1]:>22} {cells[2]:>22} {of:>8.2f}x {os_:>8.2f}x"
+              f" {pss:>5.2f} MiB")
+    print("(median of 3, min-max in brackets; PSS/task: the executors' processes, agent side)")
 
 
 if __name__ == "__main__":

@@ -1,34 +1,44 @@
 """The executor fork server. ExecutorLauncher (in the agent) keeps one helper process,
-`python -m services.agent.launcher`, that imported the executor (zmq, protobuf, docker) once and
-double-forks a fresh executor per launch in milliseconds instead of a new interpreter's ~0.2 s.
+`python -m services.agent.launcher`, that imported the executor (zmq, protobuf, docker) once.
+For each framework it double-forks an executor host (services.executor.host: one process that
+serves all that framework's executors on this agent, each task with its own executor object,
+agent link and threads) and hands it the launches; with `hosts=False` it double-forks a lone
+executor process per launch instead, in milliseconds rather than a new interpreter's ~0.2 s.
 
 Protocol on the helper's pipes, one JSON object per line: it first prints {"ready": true, "pid"};
-each request {"id", "executor_id", "argv", "sandbox"} is answered {"id", "pid"} or {"id", "error"}.
-Executors are double-forked into their own session and re-parented to init, so they outlive the
-agent and the helper (as Mesos's checkpointed executors do); the helper exits when its stdin
-closes (the agent died or closed it)."""
+each request {"id", "executor_id", "argv", "sandbox"} is answered {"id", "pid"} (the pid of the
+process serving the executor: its host) or {"id", "error"}. Hosts and executors are
+double-forked into their own session and re-parented to init, so they outlive the agent and the
+helper (as Mesos's checkpointed executors do); the helper exits when its stdin closes (the agent
+died or closed it), and a host exits once it serves no executor and can be sent no more."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import gc
 import importlib
 import itertools
 import json
 import os
 import select
+import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from services.bus.log import get_logger
 
 log = get_logger("agent.launcher")
 
 REPLY_TIMEOUT_S = 30.0  # the first reply waits for the helper's imports (~0.3 s on 2 cores)
+HOSTS_ENV = "OFFERBUS_EXECUTOR_HOSTS"  # "0": a process per executor (for comparisons)
+HOSTS_DIR = "executor-hosts"  # under the agent's work dir: each host's log, stdout, stderr
+HOST_REPLY_TIMEOUT_S = 20.0  # an executor host answers a launch in ms; past this it failed
 PRELOAD = ("services.executor.shell", "services.executor.docker_runtime",
            "services.executor.process_runtime", "services.telemetry.setup")
 # Tracing: the helper and its executors inherit the agent's environment (OTEL_*,
@@ -70,8 +80,10 @@ class ExecutorLauncher:
     back (a fork takes a few ms), so the agent's reactor thread may call it."""
 
     def __init__(self, work_dir: str | os.PathLike[str], *, python: str = sys.executable,
-                 reply_timeout: float = REPLY_TIMEOUT_S) -> None:
+                 reply_timeout: float = REPLY_TIMEOUT_S, hosts: bool | None = None) -> None:
         self.work_dir = Path(work_dir)
+        # False: a process per executor (the old way); None: as HOSTS_ENV says (default on).
+        self.hosts = hosts if hosts is not None else os.environ.get(HOSTS_ENV, "1") != "0"
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.python = python
         self.reply_timeout = reply_timeout
@@ -86,8 +98,11 @@ class ExecutorLauncher:
     def _start(self) -> None:
         env = executor_environment(os.environ)
         with open(self.work_dir / "launcher.log", "ab") as err:
+            argv = [self.python, "-m", "services.agent.launcher"]
+            if self.hosts:
+                argv += ["--hosts-dir", str(self.work_dir / HOSTS_DIR)]
             self._proc = subprocess.Popen(
-                [self.python, "-m", "services.agent.launcher"], stdin=subprocess.PIPE,
+                argv, stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=err, env=env, cwd=_PROJECT_ROOT,
                 start_new_session=True, close_fds=True)
         self._buf = b""
@@ -216,30 +231,30 @@ def _open_fds() -> list[int]:
         return list(range(3, 1024))
 
 
-def _run_executor(argv: list[str], sandbox: Path) -> None:
-    """In the grandchild: point fds 0-2 at /dev/null and the sandbox's files, run the
-    executor's main, and leave with os._exit (never return into the server's loop)."""
+def _redirect_and_close(keep: int, stdout: Path, stderr: Path) -> None:
+    """In a forked child: fds 0-2 to /dev/null and the given files; every other inherited
+    descriptor closed (the server's pipes, other hosts' control sockets) except `keep`."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+    null = os.open(os.devnull, os.O_RDONLY)
+    out = os.open(stdout, flags, 0o644)
+    err = os.open(stderr, flags, 0o644)
+    for src, dst in ((null, 0), (out, 1), (err, 2)):
+        os.dup2(src, dst)
+        os.close(src)
+    for fd in _open_fds():
+        if fd > 2 and fd != keep:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def _child_exit(run: Callable[[], int]) -> NoReturn:
+    """Run a forked child's main and leave with os._exit (never return into the server)."""
     code = 1
     try:
-        sandbox.mkdir(parents=True, exist_ok=True)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
-        null = os.open(os.devnull, os.O_RDONLY)
-        out = os.open(sandbox / "executor.stdout", flags, 0o644)
-        err = os.open(sandbox / "executor.stderr", flags, 0o644)
-        for src, dst in ((null, 0), (out, 1), (err, 2)):
-            os.dup2(src, dst)
-            os.close(src)
-        for fd in _open_fds():  # the server's pipes and anything else inherited
-            if fd > 2:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-        os.chdir(sandbox)
         import signal
 
         signal.signal(signal.SIGINT, signal.SIG_DFL)
-        from services.executor.shell import main
-
-        code = main(argv)
+        code = run()
     except SystemExit as exc:  # argparse errors
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:
@@ -253,9 +268,40 @@ def _run_executor(argv: list[str], sandbox: Path) -> None:
         os._exit(code)
 
 
-def _spawn(argv: list[str], sandbox: Path) -> int:
-    """Double fork: the middle child starts a new session, forks the executor and exits at
-    once, so the executor is re-parented to init (it survives us and the agent)."""
+def _run_executor(argv: list[str], sandbox: Path) -> NoReturn:
+    """In the grandchild: one lone executor (`python -m services.executor argv`)."""
+    def run() -> int:
+        sandbox.mkdir(parents=True, exist_ok=True)
+        _redirect_and_close(-1, sandbox / "executor.stdout", sandbox / "executor.stderr")
+        os.chdir(sandbox)
+        from services.executor.shell import main
+
+        return main(argv)
+
+    _child_exit(run)
+
+
+def _run_host(control: int, framework_id: str, agent_id: str, hosts_dir: Path) -> NoReturn:
+    """In the grandchild: an executor host for `framework_id`, fed on `control`."""
+    def run() -> int:
+        hosts_dir.mkdir(parents=True, exist_ok=True)
+        base = hosts_dir / _safe(framework_id)
+        _redirect_and_close(control, base.with_suffix(".stdout"), base.with_suffix(".stderr"))
+        os.chdir(hosts_dir)
+        from services.executor import host
+
+        return host.serve(control, framework_id, agent_id, base.with_suffix(".log"))
+
+    _child_exit(run)
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "framework"
+
+
+def _double_fork(child: Callable[[], NoReturn]) -> int:
+    """Double fork: the middle child starts a new session, forks `child` and exits at once,
+    so the grandchild is re-parented to init (it survives us and the agent)."""
     r, w = os.pipe()
     middle = os.fork()
     if middle == 0:
@@ -265,7 +311,7 @@ def _spawn(argv: list[str], sandbox: Path) -> int:
             pid = os.fork()
             if pid == 0:
                 os.close(w)
-                _run_executor(argv, sandbox)
+                child()
             os.write(w, str(pid).encode())
         finally:
             os._exit(0)
@@ -276,8 +322,127 @@ def _spawn(argv: list[str], sandbox: Path) -> int:
     os.close(r)
     os.waitpid(middle, 0)
     if not data:
-        raise OSError("the intermediate child died before forking the executor")
+        raise OSError("the intermediate child died before forking")
     return int(data)
+
+
+def _spawn(argv: list[str], sandbox: Path) -> int:
+    """A lone executor process (the old way; kept for `--no-host` and tests)."""
+    return _double_fork(lambda: _run_executor(argv, sandbox))
+
+
+def _arg(argv: Sequence[str], name: str) -> str:
+    args = list(argv)
+    for i, arg in enumerate(args):
+        if arg == name and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return ""
+
+
+class HostGone(Exception):
+    """The executor host closed its control socket (it exited, or is exiting)."""
+
+
+class _Host:
+    """The fork server's side of one executor host."""
+
+    def __init__(self, pid: int, sock: socket.socket) -> None:
+        self.pid, self.sock, self.buf = pid, sock, b""
+
+    def gone(self) -> bool:
+        """Closed by the host (readable with nothing to read), without blocking."""
+        try:
+            readable, _, _ = select.select([self.sock], [], [], 0)
+            return bool(readable) and self.sock.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
+
+    def request(self, req: dict[str, Any], timeout: float) -> dict[str, Any]:
+        try:
+            self.sock.sendall(json.dumps(req).encode() + b"\n")
+        except OSError as exc:
+            raise HostGone(f"cannot write to the host: {exc}") from exc
+        deadline = time.monotonic() + timeout
+        while True:
+            while b"\n" not in self.buf:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"the executor host {self.pid} did not answer")
+                readable, _, _ = select.select([self.sock], [], [], left)
+                if not readable:
+                    continue
+                try:
+                    chunk = self.sock.recv(65536)
+                except OSError as exc:
+                    raise HostGone(f"host connection failed: {exc}") from exc
+                if not chunk:
+                    raise HostGone("the executor host closed its control socket")
+                self.buf += chunk
+            line, self.buf = self.buf.split(b"\n", 1)
+            reply: dict[str, Any] = json.loads(line)
+            if reply.get("id") == req.get("id"):
+                return reply
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class ForkServer:
+    """The fork server's state: the executor host of each framework (a host per framework:
+    frameworks never share a process), forked on a framework's first launch and again
+    whenever its host has exited."""
+
+    def __init__(self, hosts_dir: Path | None, *, reply_timeout: float = HOST_REPLY_TIMEOUT_S,
+                 ) -> None:
+        self.hosts_dir = hosts_dir
+        self.reply_timeout = reply_timeout
+        self.hosts: dict[str, _Host] = {}
+
+    def launch(self, req: dict[str, Any]) -> int:
+        argv = [str(a) for a in req["argv"]]
+        sandbox = Path(req["sandbox"])
+        if self.hosts_dir is None:
+            return _spawn(argv, sandbox)
+        self._prune()
+        framework_id = _arg(argv, "--framework-id")
+        for _ in range(2):  # a host exiting as we ask: once more, with a new host
+            host = self.hosts.get(framework_id)
+            if host is None:
+                host = self._fork_host(framework_id, _arg(argv, "--agent-id"))
+            try:
+                reply = host.request({"id": req.get("id"), "argv": argv},
+                                     self.reply_timeout)
+            except HostGone:
+                self._drop(framework_id)
+                continue
+            if "error" in reply:
+                raise OSError(str(reply["error"]))
+            return int(reply["pid"])
+        raise OSError("no executor host could take the launch")
+
+    def _fork_host(self, framework_id: str, agent_id: str) -> _Host:
+        assert self.hosts_dir is not None
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        hosts_dir = self.hosts_dir
+        fd = theirs.fileno()
+        try:
+            pid = _double_fork(lambda: _run_host(fd, framework_id, agent_id, hosts_dir))
+        finally:
+            theirs.close()
+        host = self.hosts[framework_id] = _Host(pid, ours)
+        return host
+
+    def _drop(self, framework_id: str) -> None:
+        host = self.hosts.pop(framework_id, None)
+        if host is not None:
+            host.close()
+
+    def _prune(self) -> None:
+        """Forget the hosts that exited (one entry per framework with a live host)."""
+        for framework_id in [f for f, h in self.hosts.items() if h.gone()]:
+            self._drop(framework_id)
 
 
 def _warm_trace_encoding() -> None:
@@ -299,12 +464,21 @@ def _warm_trace_encoding() -> None:
         print(f"trace encoding warm-up skipped: {exc!r}", file=sys.stderr, flush=True)
 
 
-def serve() -> int:
+def serve(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m services.agent.launcher")
+    ap.add_argument("--hosts-dir", type=Path, default=None,
+                    help="where executor hosts log; without it, a process per executor")
+    args = ap.parse_args(argv)
     # Pre-import everything an executor needs, before any thread or zmq context exists (a
     # fork copies only the calling thread; a context's I/O threads would be lost).
     for module in PRELOAD:
         importlib.import_module(module)
     _warm_trace_encoding()
+    _learn_docker_api_version()
+    # What is imported now is shared, copy-on-write, with every host: kept out of the
+    # collector's sight, a host's first collection neither walks nor dirties those pages.
+    gc.freeze()
+    server = ForkServer(args.hosts_dir)
 
     inp, out = sys.stdin.buffer, sys.stdout.buffer
     out.write(json.dumps({"ready": True, "pid": os.getpid()}).encode() + b"\n")
@@ -318,12 +492,20 @@ def serve() -> int:
             out.flush()
             continue
         try:
-            reply = {"id": rid, "pid": _spawn([str(a) for a in req["argv"]], Path(req["sandbox"]))}
+            reply = {"id": rid, "pid": server.launch(req)}
         except Exception as exc:
             reply = {"id": rid, "error": repr(exc)}
         out.write(json.dumps(reply).encode() + b"\n")
         out.flush()
     return 0
+
+
+def _learn_docker_api_version() -> None:
+    """Ask the engine its API version once, here: each host's client is then made with it
+    (a client made without a version asks the engine first, a round trip per client)."""
+    from services.executor import docker_runtime
+
+    docker_runtime.learn_api_version()
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from typing import Any
 import docker
 import requests
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
+from docker.transport.unixconn import UnixHTTPAdapter, UnixHTTPConnectionPool
 
 from services.bus.log import get_logger
 from services.executor.runtime import (
@@ -34,6 +35,10 @@ from services.executor.runtime import (
 
 log = get_logger("executor.docker")
 
+# The engine's API version, learnt once by the agent's fork server (learn_api_version) and
+# inherited by every executor it forks: a client made without a version asks the engine first.
+_api_version: str | None = None
+CLIENT_POOL_SIZE = 512  # connections a client keeps: a host's tasks each hold one in wait()
 KILL_WAIT_S = 10.0  # after SIGKILL, how long to wait for the engine to report the exit
 EXEC_KILL_WAIT_S = 2.0  # after killing a timed-out exec, how long its reader may take
 
@@ -43,7 +48,7 @@ class DockerRuntime:
 
     def __init__(self, client: Any | None = None, *, init: bool = True) -> None:
         # docker-init as PID 1 forwards SIGTERM to the task and reaps its zombies.
-        self.client = client if client is not None else docker.from_env(timeout=60)
+        self.client = client if client is not None else make_client()
         self.api = self.client.api
         self.init = init
 
@@ -220,6 +225,54 @@ class DockerRuntime:
         except (DockerException, requests.RequestException) as exc:
             log.warning("could not remove a container that failed to start",
                         container=container_id, error=_explain(exc))
+
+
+class _OnePoolAdapter(UnixHTTPAdapter):
+    """docker-py's Unix-socket adapter keeps a connection pool per URL *path*: every
+    container's create/start/wait/inspect opened a new connection, and past 25 paths a pool
+    was built and torn down per request. One pool serves every path here (keep-alive)."""
+
+    def get_connection(self, url: str, proxies: Any = None) -> UnixHTTPConnectionPool:
+        with self.pools.lock:
+            pool = self.pools.get("all")
+            if pool is None:
+                pool = UnixHTTPConnectionPool(url, self.socket_path, self.timeout,
+                                              maxsize=self.max_pool_size)
+                self.pools["all"] = pool
+        return pool
+
+
+def make_client(timeout: float = 60.0) -> docker.DockerClient:
+    """A client with the engine's API version when known (no version round trip), one
+    connection pool for a Unix socket engine, and no proxy lookup per request."""
+    client = docker.from_env(timeout=timeout, version=_api_version,
+                             max_pool_size=CLIENT_POOL_SIZE)
+    api = client.api
+    api.trust_env = False  # no proxy or netrc lookup in os.environ per request (a socket)
+    if isinstance(getattr(api, "_custom_adapter", None), UnixHTTPAdapter):
+        old = api._custom_adapter
+        adapter = _OnePoolAdapter(f"http+unix://{old.socket_path}", timeout,
+                                  max_pool_size=CLIENT_POOL_SIZE)
+        api.mount("http+docker://", adapter)
+        api._custom_adapter = adapter
+        old.close()
+    return client
+
+
+def learn_api_version(timeout: float = 5.0) -> str | None:
+    """Ask the engine its API version (one round trip) and keep it for the clients this process
+    and its forks make. No engine (a process-runtime agent): None, and clients ask as before."""
+    global _api_version
+    try:
+        api = docker.from_env(timeout=timeout).api
+        try:
+            _api_version = str(api.api_version)
+        finally:
+            api.close()  # no connection may be shared with the forks
+    except (DockerException, requests.RequestException, OSError) as exc:
+        log.info("no Docker engine to ask its API version", error=str(exc))
+        _api_version = None
+    return _api_version
 
 
 def _process_tree(root: int) -> list[int]:

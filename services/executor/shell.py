@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -26,7 +27,7 @@ from zmq.utils.monitor import recv_monitor_message
 from schemas import common_pb2, executor_pb2
 from services import tasks, telemetry
 from services.bus import codec
-from services.bus.log import get_logger
+from services.bus.log import KV, get_logger
 from services.bus.mailbox import Mailbox
 from services.bus.peer import DealerClient, HeartbeatConfig, Sender
 from services.bus.reactor import Reactor, Timer
@@ -93,28 +94,42 @@ class _LinkDealer(DealerClient):
 
 
 class ExecutorShell:
+    """One task's executor. Alone in its process (run(): `python -m services.executor`), or
+    one of many in an executor host (services.executor.host), which shares its reactor, zmq
+    context and runtime, posts the shell's events through `post` and is told by `on_exit`
+    when the shell is done (its container removed, its last update acknowledged)."""
+
     def __init__(self, args: argparse.Namespace, runtime: Runtime,
-                 ctx: zmq.Context[zmq.Socket[bytes]], reactor: Reactor | None = None) -> None:
+                 ctx: zmq.Context[zmq.Socket[bytes]], reactor: Reactor | None = None, *,
+                 post: Callable[[ExecutorShell, Event], None] | None = None,
+                 on_exit: Callable[[ExecutorShell], None] | None = None,
+                 logger: KV | None = None) -> None:
         self.args = args
         self.runtime = runtime
         self.reactor = reactor or Reactor()
         self.work_dir = Path(args.work_dir)
+        self.log = logger or log
         self.core = ec.ExecutorCore(
             args.executor_id, args.framework_id, time.time(), agent_id=args.agent_id,
             recovery_timeout_s=args.recovery_timeout, default_grace_s=args.kill_grace)
         self.exit_code: int | None = None
         self.handle: Handle | None = None
-        self.mailbox: Mailbox[Event] = Mailbox()
-        self.reactor.add_reader(self.mailbox, self._drain_mailbox)
+        self.on_exit = on_exit
+        self.mailbox: Mailbox[Event] | None = None
+        if post is None:
+            self.mailbox = Mailbox()
+            self.reactor.add_reader(self.mailbox, self._drain_mailbox)
+            self._post: Callable[[Event], None] = self.mailbox.put
+        else:
+            self._post = partial(post, self)
         self.worker = ThreadPoolExecutor(1, thread_name_prefix="runtime")
         # Health checks on their own thread: a slow check never delays a start or a kill.
         self.checker = ThreadPoolExecutor(1, thread_name_prefix="check")
         self._timer: Timer | None = None
         self._force_exit: Timer | None = None
         self._link_lost = False
-        self._sig_r, self._sig_w = os.pipe()
-        os.set_blocking(self._sig_w, False)
-        self.reactor.add_reader(self._sig_r, self._on_signal_pipe)
+        self._finishing = False
+        self._sig_r = self._sig_w = -1
         self.dealer = _LinkDealer(
             self.reactor, ctx, Sender(args.executor_id, ROLE_EXECUTOR), self._on_message,
             on_connected=self._on_connected, on_gone=self._on_gone, on_link=self._on_link,
@@ -125,19 +140,44 @@ class ExecutorShell:
         self._traced_status: set[bytes] = set()  # terminal updates already traced (by uuid)
 
     # -- running ---------------------------------------------------------------------------
-    def run(self) -> int:
-        log.info("executor starting", executor=self.args.executor_id, agent=self.args.agent,
-                 runtime=self.runtime.name, pid=os.getpid())
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._on_signal)
+    def start(self) -> None:
+        """Connect to the agent (the reactor, run by the caller, does the rest)."""
+        self.log.info("executor starting", executor=self.args.executor_id,
+                      agent=self.args.agent, runtime=self.runtime.name, pid=os.getpid())
         self.dealer.connect(self.args.agent)
         self._reschedule()
+
+    def run(self) -> int:
+        """Alone in this process: serve until the task is done, then return the exit code."""
+        self._sig_r, self._sig_w = os.pipe()
+        os.set_blocking(self._sig_w, False)
+        self.reactor.add_reader(self._sig_r, self._on_signal_pipe)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+        self.start()
         self.reactor.run(until=lambda: self.exit_code is not None)
+        self.close()
+        self.log.info("executor exiting", code=self.exit_code)
+        return self.exit_code if self.exit_code is not None else 1
+
+    def close(self) -> None:
+        """Leave the agent link and the reactor; the threads end with their work."""
         self.dealer.close()
+        self._subscribe_retry.cancel()
+        for timer in (self._timer, self._force_exit):
+            if timer is not None:
+                timer.cancel()
+        self._timer = self._force_exit = None
+        if self.mailbox is not None:
+            self.reactor.remove_reader(self.mailbox)
+            self.mailbox.close()
         self.worker.shutdown(wait=False, cancel_futures=True)
         self.checker.shutdown(wait=False, cancel_futures=True)
-        log.info("executor exiting", code=self.exit_code)
-        return self.exit_code if self.exit_code is not None else 1
+
+    def event(self, fn: Event) -> None:
+        """Apply a core event (on the reactor thread); the host delivers posted ones here."""
+        if self.exit_code is None:
+            self._event(fn)
 
     def _apply(self, commands: list[ec.Command]) -> None:
         for cmd in commands:
@@ -155,6 +195,15 @@ class ExecutorShell:
 
     def _event(self, fn: Event) -> None:
         self._apply(fn(time.time()))
+
+    def terminate(self) -> None:
+        """SIGTERM (to this process, or to the host serving this shell): kill the task;
+        without an agent to acknowledge, do not wait for one for long."""
+        self.log.info("terminated by signal; killing the task")
+        self._event(lambda now: self.core.shutdown(None, now))
+        if self._force_exit is None and self.exit_code is None:
+            self._force_exit = self.reactor.call_later(
+                self.core.grace_s + SIGTERM_EXIT_SLACK_S, self._exit_unacknowledged)
 
     def _reschedule(self) -> None:
         if self._timer is not None:
@@ -185,7 +234,7 @@ class ExecutorShell:
         call = self._call()
         call.update.status.CopyFrom(status)
         self._send(call)
-        log.info("status update", task=status.task_id,
+        self.log.info("status update", task=status.task_id,
                  state=common_pb2.TaskState.Name(status.state), uuid=status.uuid.hex()[:8])
 
     def _send_subscribe(self) -> None:
@@ -194,7 +243,8 @@ class ExecutorShell:
         call.subscribe.unacknowledged_updates.extend(statuses)
         call.subscribe.unacknowledged_tasks.extend(pending_tasks)
         self._send(call)
-        log.info("subscribing", unacked_updates=len(statuses), unacked_tasks=len(pending_tasks))
+        self.log.info("subscribing", unacked_updates=len(statuses),
+                      unacked_tasks=len(pending_tasks))
 
     def _on_connected(self) -> None:
         if not self.core.connected:
@@ -211,46 +261,47 @@ class ExecutorShell:
                 self._send_subscribe()
             self._link_lost = False
         else:
-            log.info("agent link down")
+            self.log.info("agent link down")
             self._link_lost = True
             self._event(self.core.disconnected)
 
     def _on_gone(self) -> None:
-        log.warning("agent missed its heartbeats")
+        self.log.warning("agent missed its heartbeats")
         self._event(self.core.disconnected)
 
     def _on_message(self, env: codec.Envelope) -> None:
         if codec.payload_kind(env) != "executor_event":
-            log.warning("unexpected message", kind=codec.payload_kind(env))
+            self.log.warning("unexpected message", kind=codec.payload_kind(env))
             return
         ev = env.executor_event
         kind = ev.WhichOneof("event")
         if kind == "subscribed":
-            log.info("subscribed", agent_id=ev.subscribed.agent_id)
+            self.log.info("subscribed", agent_id=ev.subscribed.agent_id)
             self._event(lambda now: self.core.subscribed(ev.subscribed.agent_id, now))
         elif kind == "launch":
-            log.info("launch", task=ev.launch.task.task_id)
+            self.log.info("launch", task=ev.launch.task.task_id)
             tp = env.traceparent
             self._event(lambda now: self.core.launch(ev.launch.task, ev.launch.framework_id,
                                                      now, tp))
         elif kind == "kill":
             grace = ev.kill.kill_grace_period_s if ev.kill.HasField("kill_grace_period_s") else None
-            log.info("kill", task=ev.kill.task_id, grace_s=grace)
+            self.log.info("kill", task=ev.kill.task_id, grace_s=grace)
             self._event(lambda now: self.core.kill(grace, now))
         elif kind == "acknowledged":
             self._event(lambda now: self.core.acknowledged(ev.acknowledged.uuid, now))
         elif kind == "shutdown":
             # 0 (the proto default) means "the task's own grace period".
             grace = ev.shutdown.grace_period_s or None
-            log.info("shutdown", grace_s=grace)
+            self.log.info("shutdown", grace_s=grace)
             self._event(lambda now: self.core.shutdown(grace, now))
         else:
-            log.warning("unknown executor event", kind=kind)
+            self.log.warning("unknown executor event", kind=kind)
 
     # -- runtime calls (worker and waiter threads) -------------------------------------------
     def _drain_mailbox(self) -> None:
-        for fn in self.mailbox.drain():
-            self._event(fn)
+        if self.mailbox is not None:
+            for fn in self.mailbox.drain():
+                self.event(fn)
 
     def _start(self, task: common_pb2.TaskInfo, framework_id: str, traceparent: str = "") -> None:
         spec = spec_from_task(task, framework_id=framework_id, executor_id=self.core.executor_id,
@@ -267,27 +318,27 @@ class ExecutorShell:
         try:
             handle = self.runtime.start(spec)
         except LaunchError as exc:
-            log.warning("launch failed", reason=exc.reason, error=exc.message)
+            self.log.warning("launch failed", reason=exc.reason, error=exc.message)
             reason, message = exc.reason, exc.message
-            self.mailbox.put(lambda now: self.core.launch_failed(reason, message, now))
+            self._post(lambda now: self.core.launch_failed(reason, message, now))
             span.set_status(StatusCode.ERROR, message)
             span.set_attribute(sp.REASON, _reason_name(reason))
             self._end_start_span(span)
             return
         except Exception as exc:  # any engine failure fails the task, never the executor
-            log.error("launch failed", error=repr(exc))
+            self.log.error("launch failed", error=repr(exc))
             text = f"launch failed: {exc}"
-            self.mailbox.put(lambda now: self.core.launch_failed(
+            self._post(lambda now: self.core.launch_failed(
                 REASON_CONTAINER_LAUNCH_FAILED, text, now))
             span.set_status(StatusCode.ERROR, text)
             span.set_attribute(sp.REASON, _reason_name(REASON_CONTAINER_LAUNCH_FAILED))
             self._end_start_span(span)
             return
-        log.info("container started", container=handle.container_id[:12],
+        self.log.info("container started", container=handle.container_id[:12],
                  took_ms=round((time.monotonic() - started) * 1000, 1))
         self.handle = handle
         # Report first; the span's export (synchronous in executors) must not delay RUNNING.
-        self.mailbox.put(lambda now: self.core.container_started(handle.container_id, now))
+        self._post(lambda now: self.core.container_started(handle.container_id, now))
         span.set_attribute(sp.CONTAINER_ID, handle.container_id)
         span.add_event("TASK_RUNNING", {sp.CONTAINER_ID: handle.container_id})
         self._end_start_span(span)
@@ -303,13 +354,13 @@ class ExecutorShell:
             try:
                 info = self.runtime.wait(handle, WAIT_SLICE_S)
             except RuntimeFailure as exc:
-                log.warning("wait failed; retrying", error=str(exc))
+                self.log.warning("wait failed; retrying", error=str(exc))
                 backoff.wait(1.0)
                 continue
             if info is not None:
                 break
-        log.info("container exited", code=info.exit_code, oom=info.oom_killed)
-        self.mailbox.put(lambda now: self.core.container_exited(
+        self.log.info("container exited", code=info.exit_code, oom=info.oom_killed)
+        self._post(lambda now: self.core.container_exited(
             info.exit_code, info.oom_killed, info.message, now))
 
     def _kill(self, grace_s: float) -> None:
@@ -321,14 +372,14 @@ class ExecutorShell:
                 self.runtime.kill(self.handle, grace_s)  # the waiter thread reports the exit
                 return
             except RuntimeFailure as exc:  # e.g. the engine restarting: try again shortly
-                log.error("kill failed", attempt=attempt, error=str(exc))
+                self.log.error("kill failed", attempt=attempt, error=str(exc))
                 pause.wait(1.0)
 
     def _check(self, check: common_pb2.HealthCheck, timeout_s: float) -> None:
         """On the check thread: run the health check, hand its result to the core."""
         result = run_check(check, timeout_s, self.runtime, self.handle)
-        log.info("health check", ok=result.ok, output=result.output[:200])
-        self.mailbox.put(lambda now: self.core.check_result(result.ok, result.output, now))
+        self.log.info("health check", ok=result.ok, output=result.output[:200])
+        self._post(lambda now: self.core.check_result(result.ok, result.output, now))
 
     def _trace_status(self, status: common_pb2.TaskStatus) -> None:
         """A `status` span for the task's terminal update, linked to its `start` span."""
@@ -353,7 +404,15 @@ class ExecutorShell:
 
     # -- exit ------------------------------------------------------------------------------
     def _finish(self, cmd: ec.Exit) -> None:
-        log.info("exit", code=cmd.code, reason=cmd.reason)
+        """Save the container's output, remove it (on the worker thread: engine calls never
+        block the reactor, which a host shares among many shells), then exit."""
+        if self._finishing:
+            return
+        self._finishing = True
+        self.log.info("exit", code=cmd.code, reason=cmd.reason)
+        self.worker.submit(self._clean_up, cmd.code)
+
+    def _clean_up(self, code: int) -> None:
         handle = self.handle
         if handle is not None and handle.runtime == "docker":
             for stream in ("stdout", "stderr"):
@@ -361,13 +420,20 @@ class ExecutorShell:
                     out = self.runtime.logs(handle, stream, max_bytes=SAVED_LOG_BYTES)
                     (self.work_dir / stream).write_bytes(out.data)
                 except (RuntimeFailure, OSError) as exc:
-                    log.warning("could not save container output", stream=stream, error=str(exc))
+                    self.log.warning("could not save container output", stream=stream,
+                                     error=str(exc))
         if handle is not None:
             try:
                 self.runtime.remove(handle)
             except RuntimeFailure as exc:
-                log.error("could not remove the container", error=str(exc))
-        self.exit_code = cmd.code
+                self.log.error("could not remove the container", error=str(exc))
+        self._post(lambda now: self._exited(code))
+
+    def _exited(self, code: int) -> list[ec.Command]:
+        self.exit_code = code
+        if self.on_exit is not None:
+            self.on_exit(self)
+        return []
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         with contextlib.suppress(OSError):  # only async-signal-safe work here
@@ -375,12 +441,7 @@ class ExecutorShell:
 
     def _on_signal_pipe(self) -> None:
         os.read(self._sig_r, 64)
-        log.info("terminated by signal; killing the task")
-        self._event(lambda now: self.core.shutdown(None, now))
-        if self._force_exit is None and self.exit_code is None:
-            # Without an agent to acknowledge, do not wait for one for long.
-            self._force_exit = self.reactor.call_later(
-                self.core.grace_s + SIGTERM_EXIT_SLACK_S, self._exit_unacknowledged)
+        self.terminate()
 
     def _exit_unacknowledged(self) -> None:
         if self.exit_code is None and not (self.core.container_running
