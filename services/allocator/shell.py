@@ -9,6 +9,7 @@ import itertools
 import json
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +37,9 @@ log = get_logger("allocator")
 # (or under a provider a test installs) are real; propagation works either way.
 tracer = trace.get_tracer("offerbus.allocator")
 MAX_SKIPPED = 20  # decisions listed on an allocate span
+# Allocations per message: a large cycle leaves in pieces, the first before the rest's
+# spans are made, so the broker (and the framework) start on it at once.
+ALLOCATIONS_PER_MESSAGE = 1000
 
 Role = codec.Role
 Recover = internal_pb2.InternalMessage.RecoverResources
@@ -280,18 +284,21 @@ class AllocatorShell(ServiceKit):
         self._cycle_seconds.observe(time.perf_counter() - started)
         self._account(cycle, now)
         for msg in self._allocation_messages(cycle, started_ns):
-            self._send(msg)
+            self._send(msg)  # each as soon as made: the broker starts on the first
         self._tell_decisions(cycle)
         self._wake_for_filters(core, now)
 
     def _allocation_messages(self, cycle: Cycle, started_ns: int
-                             ) -> list[internal_pb2.InternalMessage]:
-        """The cycle's Allocations, in as few messages as fit a frame (one, unless the cycle
-        is larger than a frame), each allocation the root of a new trace: one `allocate`
+                             ) -> Iterator[internal_pb2.InternalMessage]:
+        """The cycle's Allocations, in messages that fit a frame and hold at most
+        ALLOCATIONS_PER_MESSAGE, made one after another (so a large cycle -- 10,000 agents
+        offered to a new framework -- reaches the broker, and offers the framework, from
+        its first message on, not after the whole cycle's spans are made), each allocation
+        the root of a new trace: one `allocate`
         span per allocation (spanning the cycle), its traceparent in Allocation.traceparent;
         the span lists frameworks the cycle decided on that did not get this agent."""
         if not cycle.allocations:
-            return []
+            return
         ended_ns = time.time_ns()
         agents: dict[str, set[str]] = {}  # framework -> agents allocated to it this cycle
         for a in cycle.allocations:
@@ -299,8 +306,7 @@ class AllocatorShell(ServiceKit):
         said = [(d.framework_id, d.outcome is Outcome.OFFERED,
                  f"{d.framework_id}: {d.outcome.name}: {d.reason}") for d in cycle.remade]
         limit = getattr(self.dealer, "frame_limit", codec.DEFAULT_FRAME_LIMIT) - codec.FRAME_MARGIN
-        out: list[internal_pb2.InternalMessage] = []
-        msg, size = internal_pb2.InternalMessage(), 0
+        msg, size, count = internal_pb2.InternalMessage(), 0, 0
         for a in cycle.allocations:
             skipped = list(itertools.islice(
                 (text for fid, offered, text in said if fid != a.framework_id and (
@@ -315,13 +321,13 @@ class AllocatorShell(ServiceKit):
             proto = a.to_proto()
             proto.traceparent = span_traceparent(span)
             n = proto.ByteSize() + 8  # its tag and length
-            if size and size + n > limit:
-                out.append(msg)
-                msg, size = internal_pb2.InternalMessage(), 0
+            if size and (size + n > limit or count >= ALLOCATIONS_PER_MESSAGE):
+                yield msg
+                msg, size, count = internal_pb2.InternalMessage(), 0, 0
             msg.allocations.allocations.append(proto)
             size += n
-        out.append(msg)
-        return out
+            count += 1
+        yield msg
 
     def _tell_decisions(self, cycle: Cycle) -> None:
         """Decisions that changed go to the master (through the broker), which publishes
