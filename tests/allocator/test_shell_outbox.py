@@ -1,6 +1,6 @@
 """The allocator shell's batching, without sockets: events within the batch window share one
 cycle, and a cycle's allocations reach the broker in messages that fit the frame
-limit (one, unless it is too large for one frame: then several, none lost)."""
+limit and hold at most 1,000 allocations each (none lost)."""
 
 from __future__ import annotations
 
