@@ -11,7 +11,7 @@ from schemas import agent_pb2, bus_pb2, common_pb2, operator_pb2, scheduler_pb2
 from services import tasks
 from services.master.commands import Command, Reject, ToAgent, ToFramework, ToOperator
 from services.master.liveness import AgentLiveness
-from services.master.state import (
+from services.master.records import (
     GONE,
     REGISTERED,
     Agent,
@@ -19,10 +19,9 @@ from services.master.state import (
     Reason,
     Task,
     TaskKey,
-    copy_status,
-    finite_nonneg,
     parse_resources,
 )
+from services.master.state import copy_status, finite_nonneg
 from services.resources import Resources
 
 Reported = agent_pb2.AgentCall.Reregister.Task

@@ -30,7 +30,7 @@ from services.master.agents import AgentHandlers
 from services.master.commands import Command, Reject, ToAgent, ToFramework, ToOperator
 from services.master.frameworks import Event, FrameworkHandlers
 from services.master.liveness import AGENT_GONE_TIMEOUT_S, AGENT_TIMEOUT_S, MAX_GONE_AGENTS
-from services.master.state import (
+from services.master.records import (
     GONE,
     LOGS_TIMEOUT_S,
     MAX_COMPLETED_TASKS,
@@ -42,9 +42,9 @@ from services.master.state import (
     Reason,
     ReasonT,
     Task,
-    logs_error,
     parse_resources,
 )
+from services.master.state import logs_error
 from services.resources import UNRESERVED, Resources
 
 RejectReason = common_pb2.RejectReason
@@ -155,7 +155,7 @@ class MasterCore(AgentHandlers, FrameworkHandlers):
         stale: dict[str, list[str]] = {}
         for fw in self.frameworks.values():
             for oid in [o for o in fw.offers if not o.startswith(f"{offer_prefix}-")]:
-                del fw.offers[oid]
+                fw.pop_offer(oid)
                 stale.setdefault(fw.framework_id, []).append(oid)
                 self._touch("framework", fw.framework_id)
         out: list[Command] = []
@@ -270,7 +270,7 @@ class MasterCore(AgentHandlers, FrameworkHandlers):
                     res = parse_resources(o.resources)
                 except ValueError:
                     res = Resources()
-                fw.offers[o.offer_id] = (o.agent_id, res)
+                fw.add_offer(o.offer_id, o.agent_id, res)
             self._touch("framework", fw.framework_id)
         elif kind in ("rescind", "accept_rejected"):
             if fw is not None:

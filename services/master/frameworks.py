@@ -8,17 +8,15 @@ from collections.abc import Sequence
 from schemas import agent_pb2, bus_pb2, common_pb2, internal_pb2, scheduler_pb2
 from services import tasks
 from services.master.commands import Command, Reject, ToAgent, ToFramework
-from services.master.state import (
+from services.master.records import (
     GONE,
     MAX_REMOVED_FRAMEWORKS,
     REGISTERED,
     UNREACHABLE,
     Framework,
-    MasterState,
     Reason,
-    copy_status,
-    finite_nonneg,
 )
+from services.master.state import MasterState, copy_status, finite_nonneg
 from services.resources import UNRESERVED
 
 Call = scheduler_pb2.SchedulerCall

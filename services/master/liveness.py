@@ -30,7 +30,8 @@ from typing import Any
 from schemas import bus_pb2, scheduler_pb2
 from services import tasks
 from services.master.commands import Command, Reject, ToFramework
-from services.master.state import GONE, REGISTERED, UNREACHABLE, Agent, MasterState, Reason
+from services.master.records import GONE, REGISTERED, UNREACHABLE, Agent, Reason
+from services.master.state import MasterState
 from services.notice import Notice
 
 AGENT_TIMEOUT_S = 5.0  # silent this long -> unreachable (DESIGN: 1 s heartbeats x 5)

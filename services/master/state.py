@@ -1,5 +1,6 @@
-"""The master's tables (agents, frameworks, task records, roles, peers) and the helpers every
-handler shares: task state changes, batched Updates, the state stream's Publish, the registry.
+"""The master's tables (agents, frameworks, task records, roles, peers; the records themselves
+are in records.py) and the helpers every handler shares: task state changes, batched
+Updates, the state stream's Publish, the registry.
 
 Handlers (agents.py, frameworks.py, core.py) only mutate through these helpers, so one call in
 gives few commands out: one Update per framework, one Publish, at most one PersistRegistry."""
@@ -9,8 +10,6 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Container, Iterable
-from dataclasses import dataclass, field
-from typing import TypeAlias
 
 from schemas import (
     agent_pb2,
@@ -31,146 +30,21 @@ from services.master.commands import (
     ToFramework,
     ToOperator,
 )
+from services.master.records import (
+    GONE,
+    REGISTERED,
+    STATUS_NAMES,
+    Agent,
+    Framework,
+    LogRequest,
+    Reason,
+    ReasonT,
+    Task,
+    TaskKey,
+    us,
+)
 from services.notice import Notice
-from services.resources import UNRESERVED, Resources
-
-AgentStatus = state_pb2.AgentRecord.Status
-Status: TypeAlias = state_pb2.AgentRecord.Status.ValueType
-REGISTERED = AgentStatus.AGENT_STATUS_REGISTERED
-UNREACHABLE = AgentStatus.AGENT_STATUS_UNREACHABLE
-GONE = AgentStatus.AGENT_STATUS_GONE
-STATUS_NAMES: dict[Status, str] = {REGISTERED: "registered", UNREACHABLE: "unreachable",
-                                   GONE: "gone"}
-Reason = common_pb2.TaskStatus.Reason
-ReasonT: TypeAlias = common_pb2.TaskStatus.Reason.ValueType
-PARTITION_AWARE = common_pb2.FrameworkInfo.Capability.CAPABILITY_PARTITION_AWARE
-TaskKey = tuple[str, str]  # (framework_id, task_id)
-
-MAX_COMPLETED_TASKS = 1000  # terminal task records kept per framework (Mesos keeps 1000)
-MAX_REMOVED_FRAMEWORKS = 10_000  # ids remembered so their stragglers are shut down
-LOGS_TIMEOUT_S = 60.0  # a log request unanswered this long is answered with an error
-
-
-def us(t: float) -> int:
-    return int(t * 1_000_000)
-
-
-def parse_resources(items: Iterable[common_pb2.Resource]) -> Resources:
-    """Resources of a peer's message; ValueError when malformed (the caller rejects it)."""
-    return Resources.from_proto(items)
-
-
-# -- records -------------------------------------------------------------------------------
-
-
-@dataclass
-class Agent:
-    agent_id: str
-    info: common_pb2.AgentInfo
-    status: Status
-    total: Resources
-    status_since: float  # when `status` was entered (the registry's since_us)
-    registered_at: float = 0.0
-    peer: bytes | None = None
-    used: Resources = field(default_factory=Resources)
-    last_seen: float = 0.0
-    unreachable_since: float = 0.0
-    tasks: set[TaskKey] = field(default_factory=set)  # its non-terminal tasks
-
-    @property
-    def reachable(self) -> bool:
-        return self.status == REGISTERED and self.peer is not None
-
-    def free(self) -> Resources:
-        return self.total - self.used
-
-    def record(self) -> state_pb2.AgentRecord:
-        info = common_pb2.AgentInfo()
-        info.CopyFrom(self.info)
-        del info.resources[:]
-        info.resources.extend(self.total.to_proto())
-        return state_pb2.AgentRecord(
-            agent_info=info, status=self.status, used_resources=self.used.to_proto(),
-            registered_at_us=us(self.registered_at), last_seen_us=us(self.last_seen),
-            unreachable_since_us=us(self.unreachable_since))
-
-
-@dataclass
-class Framework:
-    framework_id: str
-    info: common_pb2.FrameworkInfo
-    registered_at: float
-    peer: bytes | None = None
-    disconnected_at: float = 0.0
-    # Known from the registry after a master failover and not re-subscribed since: it gets
-    # at least the re-register window, whatever its failover timeout (see failover_deadline).
-    recovered: bool = False
-    suppressed_roles: set[str] = field(default_factory=set)
-    # Offers relayed to it and not yet used, declined or rescinded: id -> (agent, resources).
-    offers: dict[str, tuple[str, Resources]] = field(default_factory=dict)
-    used: Resources = field(default_factory=Resources)  # quantities of its live tasks (all agents)
-    tasks: set[str] = field(default_factory=set)  # non-terminal task ids
-    completed: OrderedDict[str, None] = field(default_factory=OrderedDict)  # oldest first
-
-    @property
-    def connected(self) -> bool:
-        return self.peer is not None
-
-    @property
-    def role(self) -> str:
-        return self.info.role or UNRESERVED
-
-    @property
-    def partition_aware(self) -> bool:
-        return PARTITION_AWARE in self.info.capabilities
-
-    def record(self) -> state_pb2.FrameworkRecord:
-        return state_pb2.FrameworkRecord(
-            framework_info=self.info, connected=self.connected,
-            registered_at_us=us(self.registered_at),
-            disconnected_at_us=0 if self.connected else us(self.disconnected_at),
-            suppressed_roles=sorted(self.suppressed_roles),
-            offered_resources=Resources.total(r for _, r in self.offers.values()).to_proto(),
-            used_resources=self.used.to_proto())
-
-
-@dataclass
-class Task:
-    framework_id: str
-    agent_id: str
-    info: common_pb2.TaskInfo
-    status: common_pb2.TaskStatus
-    resources: Resources
-    launched_at: float
-    traceparent: str = ""
-    offer_ids: tuple[str, ...] = ()
-
-    @property
-    def key(self) -> TaskKey:
-        return (self.framework_id, self.info.task_id)
-
-    @property
-    def state(self) -> tasks.State:
-        return self.status.state
-
-    def record(self) -> state_pb2.TaskRecord:
-        return state_pb2.TaskRecord(
-            framework_id=self.framework_id, agent_id=self.agent_id, task_info=self.info,
-            status=self.status, launched_at_us=us(self.launched_at),
-            traceparent=self.traceparent, offer_ids=self.offer_ids)
-
-
-@dataclass
-class LogRequest:
-    """A GetLogs relayed to an agent, waiting for its LogsReply parts."""
-
-    peer: bytes
-    message_id: str
-    agent_id: str
-    task_id: str
-    stream: agent_pb2.LogStream.ValueType
-    created_at: float
-
+from services.resources import Resources
 
 # Dirty-set keys: ("agent", id), ("framework", id), ("task", fid, tid), ("role", role),
 # ("decision", fid). Resolved against the tables when a call ends: present -> value,
@@ -374,7 +248,7 @@ class MasterState:
 
     def _offers_done(self, fw: Framework, offer_ids: Iterable[str]) -> None:
         """These offers are used, declined or rescinded: no longer outstanding."""
-        popped = [fw.offers.pop(i, None) for i in offer_ids]
+        popped = [fw.pop_offer(i) for i in offer_ids]
         if any(p is not None for p in popped):
             self._touch("framework", fw.framework_id)
 
@@ -384,7 +258,7 @@ class MasterState:
         if not fw.offers:
             return []
         ids = sorted(fw.offers)
-        fw.offers.clear()
+        fw.clear_offers()
         self._touch("framework", fw.framework_id)
         return [self._decline(fw.framework_id, ids, "the framework's scheduler disconnected")]
 
@@ -566,6 +440,7 @@ class MasterState:
             live = [self.tasks[(fid, t)] for t in fw.tasks]
             assert all(not tasks.is_terminal(t.state) for t in live)
             assert fw.used.same(Resources.total(t.resources.quantities() for t in live)), fid
+            assert fw.offered.same(Resources.total(r.quantities() for _, r in fw.offers.values()))
             assert all(tasks.is_terminal(self.tasks[(fid, t)].state) for t in fw.completed)
             assert len(fw.completed) <= self.max_completed_tasks
             assert not fw.tasks & set(fw.completed)

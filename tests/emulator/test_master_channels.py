@@ -13,8 +13,8 @@ import zmq
 from schemas import agent_pb2, bus_pb2, common_pb2
 from services.bus import codec
 from services.bus.peer import DealerClient, HeartbeatConfig, Sender
+from services.master.records import REGISTERED, UNREACHABLE
 from services.master.shell import MasterConfig, MasterShell
-from services.master.state import REGISTERED, UNREACHABLE
 from services.resources import Resources
 
 

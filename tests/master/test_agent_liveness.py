@@ -8,7 +8,7 @@ from __future__ import annotations
 from schemas import agent_pb2, bus_pb2, common_pb2, operator_pb2
 from services.master.commands import Command, ToFramework
 from services.master.core import MasterCore
-from services.master.state import GONE, REGISTERED, UNREACHABLE
+from services.master.records import GONE, REGISTERED, UNREACHABLE
 from tests.master.helpers import (
     T0,
     TS,

@@ -21,8 +21,8 @@ from schemas import agent_pb2, bus_pb2, common_pb2, internal_pb2, operator_pb2, 
 from services import tasks
 from services.master.commands import Command, PersistRegistry, Reject, ToAgent, ToFramework
 from services.master.core import MasterCore
+from services.master.records import REGISTERED
 from services.master.registry import merge
-from services.master.state import REGISTERED
 from services.notice import Notice
 from tests.master.helpers import (
     PA,

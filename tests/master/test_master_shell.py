@@ -20,9 +20,9 @@ from services.bus import codec
 from services.bus.peer import DealerClient, HeartbeatConfig, Sender
 from services.bus.reactor import Reactor
 from services.master import shell as master_shell
+from services.master.records import REGISTERED, UNREACHABLE
 from services.master.registry import Document, FileRegistry
 from services.master.shell import MasterConfig, MasterShell
-from services.master.state import REGISTERED, UNREACHABLE
 from services.resources import Resources
 from tests.waiting import wait_for
 

@@ -1,0 +1,171 @@
+"""The master's records: an agent, a framework, a task and a log request as the master
+holds them, the statuses and constants they use, and the helpers that read resources and
+times off the wire. The tables of them and the rules that change them are in state.py."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TypeAlias
+
+from schemas import agent_pb2, common_pb2, state_pb2
+from services import tasks
+from services.resources import UNRESERVED, Resources
+
+AgentStatus = state_pb2.AgentRecord.Status
+Status: TypeAlias = state_pb2.AgentRecord.Status.ValueType
+REGISTERED = AgentStatus.AGENT_STATUS_REGISTERED
+UNREACHABLE = AgentStatus.AGENT_STATUS_UNREACHABLE
+GONE = AgentStatus.AGENT_STATUS_GONE
+STATUS_NAMES: dict[Status, str] = {REGISTERED: "registered", UNREACHABLE: "unreachable",
+                                   GONE: "gone"}
+Reason = common_pb2.TaskStatus.Reason
+ReasonT: TypeAlias = common_pb2.TaskStatus.Reason.ValueType
+PARTITION_AWARE = common_pb2.FrameworkInfo.Capability.CAPABILITY_PARTITION_AWARE
+TaskKey = tuple[str, str]  # (framework_id, task_id)
+
+MAX_COMPLETED_TASKS = 1000  # terminal task records kept per framework (Mesos keeps 1000)
+MAX_REMOVED_FRAMEWORKS = 10_000  # ids remembered so their stragglers are shut down
+LOGS_TIMEOUT_S = 60.0  # a log request unanswered this long is answered with an error
+
+
+def us(t: float) -> int:
+    return int(t * 1_000_000)
+
+
+def parse_resources(items: Iterable[common_pb2.Resource]) -> Resources:
+    """Resources of a peer's message; ValueError when malformed (the caller rejects it)."""
+    return Resources.from_proto(items)
+
+
+# -- records -------------------------------------------------------------------------------
+
+
+@dataclass
+class Agent:
+    agent_id: str
+    info: common_pb2.AgentInfo
+    status: Status
+    total: Resources
+    status_since: float  # when `status` was entered (the registry's since_us)
+    registered_at: float = 0.0
+    peer: bytes | None = None
+    used: Resources = field(default_factory=Resources)
+    last_seen: float = 0.0
+    unreachable_since: float = 0.0
+    tasks: set[TaskKey] = field(default_factory=set)  # its non-terminal tasks
+
+    @property
+    def reachable(self) -> bool:
+        return self.status == REGISTERED and self.peer is not None
+
+    def free(self) -> Resources:
+        return self.total - self.used
+
+    def record(self) -> state_pb2.AgentRecord:
+        info = common_pb2.AgentInfo()
+        info.CopyFrom(self.info)
+        del info.resources[:]
+        info.resources.extend(self.total.to_proto())
+        return state_pb2.AgentRecord(
+            agent_info=info, status=self.status, used_resources=self.used.to_proto(),
+            registered_at_us=us(self.registered_at), last_seen_us=us(self.last_seen),
+            unreachable_since_us=us(self.unreachable_since))
+
+
+@dataclass
+class Framework:
+    framework_id: str
+    info: common_pb2.FrameworkInfo
+    registered_at: float
+    peer: bytes | None = None
+    disconnected_at: float = 0.0
+    # Known from the registry after a master failover and not re-subscribed since: it gets
+    # at least the re-register window, whatever its failover timeout (see failover_deadline).
+    recovered: bool = False
+    suppressed_roles: set[str] = field(default_factory=set)
+    # Offers relayed to it and not yet used, declined or rescinded: id -> (agent, resources).
+    # Changed only through add_offer / pop_offer / clear_offers, which keep `offered`, the
+    # sum of their quantities, as `used` is (a record is published on every change: summing
+    # 10,000 offers each time was three quarters of a busy master's time).
+    offers: dict[str, tuple[str, Resources]] = field(default_factory=dict)
+    offered: Resources = field(default_factory=Resources)
+    used: Resources = field(default_factory=Resources)  # quantities of its live tasks (all agents)
+    tasks: set[str] = field(default_factory=set)  # non-terminal task ids
+    completed: OrderedDict[str, None] = field(default_factory=OrderedDict)  # oldest first
+
+    @property
+    def connected(self) -> bool:
+        return self.peer is not None
+
+    @property
+    def role(self) -> str:
+        return self.info.role or UNRESERVED
+
+    @property
+    def partition_aware(self) -> bool:
+        return PARTITION_AWARE in self.info.capabilities
+
+    def add_offer(self, offer_id: str, agent_id: str, resources: Resources) -> None:
+        self.pop_offer(offer_id)
+        self.offers[offer_id] = (agent_id, resources)
+        self.offered += resources.quantities()
+
+    def pop_offer(self, offer_id: str) -> tuple[str, Resources] | None:
+        got = self.offers.pop(offer_id, None)
+        if got is not None:
+            self.offered = Resources() if not self.offers else \
+                self.offered - got[1].quantities()
+        return got
+
+    def clear_offers(self) -> None:
+        self.offers.clear()
+        self.offered = Resources()
+
+    def record(self) -> state_pb2.FrameworkRecord:
+        return state_pb2.FrameworkRecord(
+            framework_info=self.info, connected=self.connected,
+            registered_at_us=us(self.registered_at),
+            disconnected_at_us=0 if self.connected else us(self.disconnected_at),
+            suppressed_roles=sorted(self.suppressed_roles),
+            offered_resources=self.offered.to_proto(),
+            used_resources=self.used.to_proto())
+
+
+@dataclass
+class Task:
+    framework_id: str
+    agent_id: str
+    info: common_pb2.TaskInfo
+    status: common_pb2.TaskStatus
+    resources: Resources
+    launched_at: float
+    traceparent: str = ""
+    offer_ids: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> TaskKey:
+        return (self.framework_id, self.info.task_id)
+
+    @property
+    def state(self) -> tasks.State:
+        return self.status.state
+
+    def record(self) -> state_pb2.TaskRecord:
+        return state_pb2.TaskRecord(
+            framework_id=self.framework_id, agent_id=self.agent_id, task_info=self.info,
+            status=self.status, launched_at_us=us(self.launched_at),
+            traceparent=self.traceparent, offer_ids=self.offer_ids)
+
+
+@dataclass
+class LogRequest:
+    """A GetLogs relayed to an agent, waiting for its LogsReply parts."""
+
+    peer: bytes
+    message_id: str
+    agent_id: str
+    task_id: str
+    stream: agent_pb2.LogStream.ValueType
+    created_at: float
