@@ -71,6 +71,14 @@ class StreamFeed:
         self.tasks: dict[str, TaskUse] = {}  # key -> usage of non-terminal tasks
         self.applied: dict[str, TaskUse] = {}  # what the core holds as used
         self.waiting: set[str] = set()  # task keys not (yet) applied
+        # Why each waits: for its agent or framework to appear on the stream (indexed by
+        # "agents/<id>" / "frameworks/<id>", retried when that entry comes), or for room on
+        # its agent (`_short`, retried on every change). After a master failover 100,000
+        # tasks can wait for their agents: re-checking all of them on every delta was
+        # quadratic.
+        self._waiting_on: dict[str, set[str]] = {}
+        self._waits_for: dict[str, str] = {}  # task key -> its key in _waiting_on
+        self._short: set[str] = set()
         self._reported: set[str] = set()  # waiting keys whose failure was reported
         self.notices: list[Notice] = []  # for the shell to log and count; it drains them
 
@@ -125,12 +133,39 @@ class StreamFeed:
         for fid, fview in frameworks.items():
             if fview is not None:
                 changed |= self._framework_changed(fid, fview)
-        changed |= self._reconcile_tasks(touched_tasks | self.waiting)
+        due = touched_tasks | self._short
+        for agent_id, view in agents.items():
+            if view is not None:
+                due |= self._waiting_on.pop(f"agents/{agent_id}", set())
+        for fid, fview in frameworks.items():
+            if fview is not None:
+                due |= self._waiting_on.pop(f"frameworks/{fid}", set())
+        changed |= self._reconcile_tasks(due)
         return changed
 
     def retry(self) -> bool:
-        """Retry waiting tasks (after resources came back)."""
-        return self._reconcile_tasks(set(self.waiting)) if self.waiting else False
+        """Retry the tasks waiting for room (after resources came back)."""
+        return self._reconcile_tasks(set(self._short)) if self._short else False
+
+    def _wait(self, key: str, want: TaskUse) -> None:
+        """`key` waits for its agent or framework to appear (one of them is absent)."""
+        self._unwait(key)
+        on = (f"agents/{want.agent_id}" if want.agent_id not in self.agents
+              else f"frameworks/{want.framework_id}")
+        self.waiting.add(key)
+        self._waiting_on.setdefault(on, set()).add(key)
+        self._waits_for[key] = on
+
+    def _unwait(self, key: str) -> None:
+        self.waiting.discard(key)
+        self._short.discard(key)
+        on = self._waits_for.pop(key, None)
+        if on is not None:
+            keys = self._waiting_on.get(on)
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del self._waiting_on[on]
 
     # -- agents, frameworks, roles -------------------------------------------------------
     def _agent_changed(self, agent_id: str, view: AgentView) -> bool:
@@ -196,7 +231,7 @@ class StreamFeed:
             if use.agent_id == agent_id or use.framework_id == framework_id:
                 del self.applied[key]
                 if key in self.tasks:
-                    self.waiting.add(key)
+                    self._wait(key, self.tasks[key])
 
     def _reconcile_tasks(self, keys: set[str]) -> bool:
         changed = False
@@ -213,25 +248,27 @@ class StreamFeed:
         for key in sorted(keys):
             want = self.tasks.get(key)
             if want is None:
-                self.waiting.discard(key)
+                self._unwait(key)
                 self._reported.discard(key)
                 continue
             if self.applied.get(key) == want:
                 continue
             if want.agent_id not in self.agents or want.framework_id not in self.frameworks:
-                self.waiting.add(key)  # its agent is away, or not known yet
+                self._wait(key, want)  # its agent is away, or not known yet
                 continue
             try:
                 self.core.resources_used(want.agent_id, want.framework_id, want.resources)
             except AllocatorError as exc:
+                self._unwait(key)
                 self.waiting.add(key)
+                self._short.add(key)
                 if key not in self._reported:
                     self._reported.add(key)
                     self.notices.append(Notice.of("usage_waiting", f"{key}: {exc}", "warning"))
                 continue
             changed = True
             self.applied[key] = want
-            self.waiting.discard(key)
+            self._unwait(key)
             self._reported.discard(key)
         return changed
 
