@@ -42,8 +42,8 @@ from frameworks.sdk.driver import SchedulerDriver
 from frameworks.sdk.scheduler import MasterInfo, Scheduler
 from schemas import common_pb2
 from services import tasks
-from services.bus.election import detector_from_url
 from services.cli import cluster as local_cluster
+from services.cli.client import CliError, find_leader
 from services.emulator.frameworks import EmulatedFramework, OfferPolicy, Shape
 from services.resources import Resources
 
@@ -195,14 +195,7 @@ class Run:
                                        for k, v in now.items() if v - before.get(k, 0) > 0.05}
 
     def master_http(self) -> str:
-        detector = detector_from_url(self.url, "master")
-        detector.start()
-        try:
-            leader = detector.wait_for_leader(10.0)
-        finally:
-            detector.close()
-        assert leader is not None, "no leading master"
-        return leader.endpoints["http"]
+        return find_leader(self.url, 10.0).endpoints["http"]
 
     def emulator_http(self) -> str:
         log = (self.run_dir / "logs" / "emulator.log").read_text()
@@ -332,14 +325,7 @@ class Run:
                  f"{led:.2f}s, all re-registered with their tasks {took:.2f}s")
 
     def _leader_id(self) -> str:
-        detector = detector_from_url(self.url, "master")
-        detector.start()
-        try:
-            leader = detector.wait_for_leader(10.0)
-        finally:
-            detector.close()
-        assert leader is not None
-        return leader.member_id
+        return find_leader(self.url, 10.0).member_id
 
     def down(self, ok: bool, keep: bool = False) -> None:
         local_cluster.down(self.run_dir)
@@ -404,7 +390,7 @@ def main(argv: list[str] | None = None) -> None:
             try:
                 run.run()
                 ok = True
-            except (TimeoutError, AssertionError) as exc:
+            except (TimeoutError, AssertionError, CliError) as exc:
                 progress(f"{n} agents: FAILED ({exc})")
                 run.row["failed"] = str(exc)
             finally:
