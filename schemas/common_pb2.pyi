@@ -37,7 +37,7 @@ class _RescindReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Rescind
     RESCIND_REASON_BROKER_FAILOVER: _RescindReason.ValueType  # 4
     """the broker's offer table was lost"""
     RESCIND_REASON_RECLAIMED: _RescindReason.ValueType  # 5
-    """the allocator needs them elsewhere (quota)"""
+    """the allocator needs them elsewhere: a framework"""
 
 class RescindReason(_RescindReason, metaclass=_RescindReasonEnumTypeWrapper):
     """Why outstanding offers were taken back."""
@@ -52,7 +52,7 @@ RESCIND_REASON_FRAMEWORK_INACTIVE: RescindReason.ValueType  # 3
 RESCIND_REASON_BROKER_FAILOVER: RescindReason.ValueType  # 4
 """the broker's offer table was lost"""
 RESCIND_REASON_RECLAIMED: RescindReason.ValueType  # 5
-"""the allocator needs them elsewhere (quota)"""
+"""the allocator needs them elsewhere: a framework"""
 Global___RescindReason: _TypeAlias = RescindReason  # noqa: Y015
 
 class _RejectReason:
@@ -604,6 +604,43 @@ class Filters(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__refuse_seconds) -> _WhichOneofReturnType__refuse_seconds | None: ...
 
 Global___Filters: _TypeAlias = Filters  # noqa: Y015
+
+@_typing.final
+class Demand(_message.Message):
+    """What a framework wants (its REQUEST call, which Mesos never implemented): `count` tasks
+    of one shape, counted in total (running and to launch), so a framework restated with the
+    same demand after a failover asks for nothing new. The allocator fills frameworks one
+    task shape at a time in weighted DRF order (progressive filling), offers a framework no
+    more than its declared demand, and when a framework below its share cannot get a task,
+    reclaims offers and then tasks from those above it.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESOURCES_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    PORTS_FIELD_NUMBER: _builtins.int
+    count: _builtins.int
+    ports: _builtins.int
+    """Host ports each task needs (taken from the agent's free `ports`)."""
+    @_builtins.property
+    def resources(self) -> _containers.RepeatedCompositeFieldContainer[Global___Resource]:
+        """One task's scalars (cpus, mem, disk, gpus), unreserved."""
+
+    def __init__(
+        self,
+        *,
+        resources: _abc.Iterable[Global___Resource] | None = ...,
+        count: _builtins.int = ...,
+        ports: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "ports", b"ports", "resources", b"resources"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Demand: _TypeAlias = Demand  # noqa: Y015
 
 @_typing.final
 class CommandInfo(_message.Message):
@@ -1179,6 +1216,10 @@ class TaskStatus(_message.Message):
         """Frameworks.
         torn down, or failover timeout passed
         """
+        REASON_TASK_REVOKED: TaskStatus._Reason.ValueType  # 26
+        """Fair sharing.
+        ours: killed to give its resources back to a
+        """
 
     class Reason(_Reason, metaclass=_ReasonEnumTypeWrapper):
         """Why a task reached its state. Mesos's set, trimmed, plus a few of ours."""
@@ -1231,6 +1272,10 @@ class TaskStatus(_message.Message):
     REASON_FRAMEWORK_REMOVED: TaskStatus.Reason.ValueType  # 25
     """Frameworks.
     torn down, or failover timeout passed
+    """
+    REASON_TASK_REVOKED: TaskStatus.Reason.ValueType  # 26
+    """Fair sharing.
+    ours: killed to give its resources back to a
     """
 
     @_typing.final

@@ -110,6 +110,8 @@ class AllocatorDecision(_message.Message):
         """its role is at its quota limit"""
         OUTCOME_INACTIVE: AllocatorDecision._Outcome.ValueType  # 7
         """not subscribed (disconnected, failing over)"""
+        OUTCOME_DEMAND_MET: AllocatorDecision._Outcome.ValueType  # 8
+        """it holds all the demand it declared"""
 
     class Outcome(_Outcome, metaclass=_OutcomeEnumTypeWrapper): ...
     OUTCOME_UNSPECIFIED: AllocatorDecision.Outcome.ValueType  # 0
@@ -127,6 +129,8 @@ class AllocatorDecision(_message.Message):
     """its role is at its quota limit"""
     OUTCOME_INACTIVE: AllocatorDecision.Outcome.ValueType  # 7
     """not subscribed (disconnected, failing over)"""
+    OUTCOME_DEMAND_MET: AllocatorDecision.Outcome.ValueType  # 8
+    """it holds all the demand it declared"""
 
     @_typing.final
     class SharesEntry(_message.Message):
@@ -508,6 +512,92 @@ class InternalMessage(_message.Message):
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
     @_typing.final
+    class ReclaimOffers(_message.Message):
+        """allocator -> broker: rescind the framework's outstanding offers on these agents (a
+        framework below its fair share needs them, RESCIND_REASON_RECLAIMED); the broker
+        recovers their resources without a filter.
+        """
+
+        DESCRIPTOR: _descriptor.Descriptor
+
+        @_typing.final
+        class Reclaim(_message.Message):
+            DESCRIPTOR: _descriptor.Descriptor
+
+            FRAMEWORK_ID_FIELD_NUMBER: _builtins.int
+            AGENT_ID_FIELD_NUMBER: _builtins.int
+            REASON_FIELD_NUMBER: _builtins.int
+            framework_id: _builtins.str
+            agent_id: _builtins.str
+            reason: _builtins.str
+            """For the Rescind's message and the trace, e.g. "for fw-2 below its share"."""
+            def __init__(
+                self,
+                *,
+                framework_id: _builtins.str = ...,
+                agent_id: _builtins.str = ...,
+                reason: _builtins.str = ...,
+            ) -> None: ...
+            _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+            def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+            _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "framework_id", b"framework_id", "reason", b"reason"]  # noqa: Y015
+            def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+            def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+        RECLAIMS_FIELD_NUMBER: _builtins.int
+        @_builtins.property
+        def reclaims(self) -> _containers.RepeatedCompositeFieldContainer[Global___InternalMessage.ReclaimOffers.Reclaim]: ...
+        def __init__(
+            self,
+            *,
+            reclaims: _abc.Iterable[Global___InternalMessage.ReclaimOffers.Reclaim] | None = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["reclaims", b"reclaims"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class RevokeResources(_message.Message):
+        """allocator -> broker -> master: revocation. The framework runs above its fair share and
+        another one (`for_framework_id`) below its share needs `resources` on the agent. The
+        master picks the framework's youngest tasks there that together hold them, sends the
+        framework a Revoke event, and kills those still needed after `grace_s`.
+        """
+
+        DESCRIPTOR: _descriptor.Descriptor
+
+        FRAMEWORK_ID_FIELD_NUMBER: _builtins.int
+        AGENT_ID_FIELD_NUMBER: _builtins.int
+        RESOURCES_FIELD_NUMBER: _builtins.int
+        GRACE_S_FIELD_NUMBER: _builtins.int
+        FOR_FRAMEWORK_ID_FIELD_NUMBER: _builtins.int
+        REASON_FIELD_NUMBER: _builtins.int
+        framework_id: _builtins.str
+        agent_id: _builtins.str
+        grace_s: _builtins.float
+        for_framework_id: _builtins.str
+        reason: _builtins.str
+        @_builtins.property
+        def resources(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Resource]: ...
+        def __init__(
+            self,
+            *,
+            framework_id: _builtins.str = ...,
+            agent_id: _builtins.str = ...,
+            resources: _abc.Iterable[_common_pb2.Resource] | None = ...,
+            grace_s: _builtins.float = ...,
+            for_framework_id: _builtins.str = ...,
+            reason: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "for_framework_id", b"for_framework_id", "framework_id", b"framework_id", "grace_s", b"grace_s", "reason", b"reason", "resources", b"resources"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
     class AllocatorDecisions(_message.Message):
         """allocator -> broker -> master: the latest decision per framework, which the master
         publishes on the state stream.
@@ -538,6 +628,8 @@ class InternalMessage(_message.Message):
     LAUNCH_REQUEST_FIELD_NUMBER: _builtins.int
     LAUNCH_RESULT_FIELD_NUMBER: _builtins.int
     ALLOCATOR_DECISIONS_FIELD_NUMBER: _builtins.int
+    RECLAIM_OFFERS_FIELD_NUMBER: _builtins.int
+    REVOKE_RESOURCES_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def allocations(self) -> Global___InternalMessage.Allocations: ...
     @_builtins.property
@@ -556,6 +648,10 @@ class InternalMessage(_message.Message):
     def launch_result(self) -> Global___InternalMessage.LaunchResult: ...
     @_builtins.property
     def allocator_decisions(self) -> Global___InternalMessage.AllocatorDecisions: ...
+    @_builtins.property
+    def reclaim_offers(self) -> Global___InternalMessage.ReclaimOffers: ...
+    @_builtins.property
+    def revoke_resources(self) -> Global___InternalMessage.RevokeResources: ...
     def __init__(
         self,
         *,
@@ -568,12 +664,14 @@ class InternalMessage(_message.Message):
         launch_request: Global___InternalMessage.LaunchRequest | None = ...,
         launch_result: Global___InternalMessage.LaunchResult | None = ...,
         allocator_decisions: Global___InternalMessage.AllocatorDecisions | None = ...,
+        reclaim_offers: Global___InternalMessage.ReclaimOffers | None = ...,
+        revoke_resources: Global___InternalMessage.RevokeResources | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["allocations", b"allocations", "allocator_decisions", b"allocator_decisions", "framework_call", b"framework_call", "framework_event", b"framework_event", "kind", b"kind", "launch_request", b"launch_request", "launch_result", b"launch_result", "recover_resources", b"recover_resources", "revive_offers", b"revive_offers", "suppress_offers", b"suppress_offers"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["allocations", b"allocations", "allocator_decisions", b"allocator_decisions", "framework_call", b"framework_call", "framework_event", b"framework_event", "kind", b"kind", "launch_request", b"launch_request", "launch_result", b"launch_result", "reclaim_offers", b"reclaim_offers", "recover_resources", b"recover_resources", "revive_offers", b"revive_offers", "revoke_resources", b"revoke_resources", "suppress_offers", b"suppress_offers"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocations", b"allocations", "allocator_decisions", b"allocator_decisions", "framework_call", b"framework_call", "framework_event", b"framework_event", "kind", b"kind", "launch_request", b"launch_request", "launch_result", b"launch_result", "recover_resources", b"recover_resources", "revive_offers", b"revive_offers", "suppress_offers", b"suppress_offers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocations", b"allocations", "allocator_decisions", b"allocator_decisions", "framework_call", b"framework_call", "framework_event", b"framework_event", "kind", b"kind", "launch_request", b"launch_request", "launch_result", b"launch_result", "reclaim_offers", b"reclaim_offers", "recover_resources", b"recover_resources", "revive_offers", b"revive_offers", "revoke_resources", b"revoke_resources", "suppress_offers", b"suppress_offers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["allocations", "recover_resources", "revive_offers", "suppress_offers", "framework_call", "framework_event", "launch_request", "launch_result", "allocator_decisions"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["allocations", "recover_resources", "revive_offers", "suppress_offers", "framework_call", "framework_event", "launch_request", "launch_result", "allocator_decisions", "reclaim_offers", "revoke_resources"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 

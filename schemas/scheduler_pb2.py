@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from schemas import common_pb2 as schemas_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17schemas/scheduler.proto\x12\x0bofferbus.v1\x1a\x14schemas/common.proto\"\xed\t\n\rSchedulerCall\x12\x14\n\x0c\x66ramework_id\x18\x01 \x01(\t\x12\x39\n\tsubscribe\x18\x02 \x01(\x0b\x32$.offerbus.v1.SchedulerCall.SubscribeH\x00\x12\x37\n\x08teardown\x18\x03 \x01(\x0b\x32#.offerbus.v1.SchedulerCall.TeardownH\x00\x12\x33\n\x06\x61\x63\x63\x65pt\x18\x04 \x01(\x0b\x32!.offerbus.v1.SchedulerCall.AcceptH\x00\x12\x35\n\x07\x64\x65\x63line\x18\x05 \x01(\x0b\x32\".offerbus.v1.SchedulerCall.DeclineH\x00\x12\x33\n\x06revive\x18\x06 \x01(\x0b\x32!.offerbus.v1.SchedulerCall.ReviveH\x00\x12\x37\n\x08suppress\x18\x07 \x01(\x0b\x32#.offerbus.v1.SchedulerCall.SuppressH\x00\x12/\n\x04kill\x18\x08 \x01(\x0b\x32\x1f.offerbus.v1.SchedulerCall.KillH\x00\x12=\n\x0b\x61\x63knowledge\x18\t \x01(\x0b\x32&.offerbus.v1.SchedulerCall.AcknowledgeH\x00\x12\x39\n\treconcile\x18\n \x01(\x0b\x32$.offerbus.v1.SchedulerCall.ReconcileH\x00\x1ah\n\tSubscribe\x12\x32\n\x0e\x66ramework_info\x18\x01 \x01(\x0b\x32\x1a.offerbus.v1.FrameworkInfo\x12\r\n\x05\x66orce\x18\x02 \x01(\x08\x12\x18\n\x10suppressed_roles\x18\x03 \x03(\t\x1a\n\n\x08Teardown\x1an\n\x06\x41\x63\x63\x65pt\x12\x11\n\toffer_ids\x18\x01 \x03(\t\x12*\n\noperations\x18\x02 \x03(\x0b\x32\x16.offerbus.v1.Operation\x12%\n\x07\x66ilters\x18\x03 \x01(\x0b\x32\x14.offerbus.v1.Filters\x1aS\n\x07\x44\x65\x63line\x12\x11\n\toffer_ids\x18\x01 \x03(\t\x12%\n\x07\x66ilters\x18\x02 \x01(\x0b\x32\x14.offerbus.v1.Filters\x12\x0e\n\x06reason\x18\x03 \x01(\t\x1a\x17\n\x06Revive\x12\r\n\x05roles\x18\x01 \x03(\t\x1a\x19\n\x08Suppress\x12\r\n\x05roles\x18\x01 \x03(\t\x1a\x63\n\x04Kill\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12 \n\x13kill_grace_period_s\x18\x03 \x01(\x01H\x00\x88\x01\x01\x42\x16\n\x14_kill_grace_period_s\x1a\x7f\n\x0b\x41\x63knowledge\x12\x38\n\x04\x61\x63ks\x18\x01 \x03(\x0b\x32*.offerbus.v1.SchedulerCall.Acknowledge.Ack\x1a\x36\n\x03\x41\x63k\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x0c\n\x04uuid\x18\x03 \x01(\x0c\x1ap\n\tReconcile\x12\x38\n\x05tasks\x18\x01 \x03(\x0b\x32).offerbus.v1.SchedulerCall.Reconcile.Task\x1a)\n\x04Task\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\tB\x06\n\x04\x63\x61ll\"\xd5\x07\n\x0eSchedulerEvent\x12<\n\nsubscribed\x18\x01 \x01(\x0b\x32&.offerbus.v1.SchedulerEvent.SubscribedH\x00\x12\x34\n\x06offers\x18\x02 \x01(\x0b\x32\".offerbus.v1.SchedulerEvent.OffersH\x00\x12\x36\n\x07rescind\x18\x03 \x01(\x0b\x32#.offerbus.v1.SchedulerEvent.RescindH\x00\x12\x34\n\x06update\x18\x04 \x01(\x0b\x32\".offerbus.v1.SchedulerEvent.UpdateH\x00\x12\x36\n\x07\x66\x61ilure\x18\x05 \x01(\x0b\x32#.offerbus.v1.SchedulerEvent.FailureH\x00\x12\x32\n\x05\x65rror\x18\x06 \x01(\x0b\x32!.offerbus.v1.SchedulerEvent.ErrorH\x00\x12\x45\n\x0f\x61\x63\x63\x65pt_rejected\x18\x07 \x01(\x0b\x32*.offerbus.v1.SchedulerEvent.AcceptRejectedH\x00\x1a~\n\nSubscribed\x12\x14\n\x0c\x66ramework_id\x18\x01 \x01(\t\x12\x1d\n\x15heartbeat_interval_ms\x18\x02 \x01(\r\x12\x11\n\tmaster_id\x18\x03 \x01(\t\x12\x14\n\x0cmaster_epoch\x18\x04 \x01(\x04\x12\x12\n\ncluster_id\x18\x05 \x01(\t\x1a,\n\x06Offers\x12\"\n\x06offers\x18\x01 \x03(\x0b\x32\x12.offerbus.v1.Offer\x1aY\n\x07Rescind\x12\x11\n\toffer_ids\x18\x01 \x03(\t\x12*\n\x06reason\x18\x02 \x01(\x0e\x32\x1a.offerbus.v1.RescindReason\x12\x0f\n\x07message\x18\x03 \x01(\t\x1a\x33\n\x06Update\x12)\n\x08statuses\x18\x01 \x03(\x0b\x32\x17.offerbus.v1.TaskStatus\x1aZ\n\x07\x46\x61ilure\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x13\n\x0b\x65xecutor_id\x18\x02 \x01(\t\x12\x18\n\x0b\x65xit_status\x18\x03 \x01(\x05H\x00\x88\x01\x01\x42\x0e\n\x0c_exit_status\x1a\x18\n\x05\x45rror\x12\x0f\n\x07message\x18\x01 \x01(\t\x1aq\n\x0e\x41\x63\x63\x65ptRejected\x12\x11\n\toffer_ids\x18\x01 \x03(\t\x12\x10\n\x08task_ids\x18\x02 \x03(\t\x12)\n\x06reason\x18\x03 \x01(\x0e\x32\x19.offerbus.v1.RejectReason\x12\x0f\n\x07message\x18\x04 \x01(\tB\x07\n\x05\x65ventb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17schemas/scheduler.proto\x12\x0bofferbus.v1\x1a\x14schemas/common.proto\"\xd5\n\n\rSchedulerCall\x12\x14\n\x0c\x66ramework_id\x18\x01 \x01(\t\x12\x39\n\tsubscribe\x18\x02 \x01(\x0b\x32$.offerbus.v1.SchedulerCall.SubscribeH\x00\x12\x37\n\x08teardown\x18\x03 \x01(\x0b\x32#.offerbus.v1.SchedulerCall.TeardownH\x00\x12\x33\n\x06\x61\x63\x63\x65pt\x18\x04 \x01(\x0b\x32!.offerbus.v1.SchedulerCall.AcceptH\x00\x12\x35\n\x07\x64\x65\x63line\x18\x05 \x01(\x0b\x32\".offerbus.v1.SchedulerCall.DeclineH\x00\x12\x33\n\x06revive\x18\x06 \x01(\x0b\x32!.offerbus.v1.SchedulerCall.ReviveH\x00\x12\x37\n\x08suppress\x18\x07 \x01(\x0b\x32#.offerbus.v1.SchedulerCall.SuppressH\x00\x12/\n\x04kill\x18\x08 \x01(\x0b\x32\x1f.offerbus.v1.SchedulerCall.KillH\x00\x12=\n\x0b\x61\x63knowledge\x18\t \x01(\x0b\x32&.offerbus.v1.SchedulerCall.AcknowledgeH\x00\x12\x39\n\treconcile\x18\n \x01(\x0b\x32$.offerbus.v1.SchedulerCall.ReconcileH\x00\x12\x35\n\x07request\x18\x0b \x01(\x0b\x32\".offerbus.v1.SchedulerCall.RequestH\x00\x1ah\n\tSubscribe\x12\x32\n\x0e\x66ramework_info\x18\x01 \x01(\x0b\x32\x1a.offerbus.v1.FrameworkInfo\x12\r\n\x05\x66orce\x18\x02 \x01(\x08\x12\x18\n\x10suppressed_roles\x18\x03 \x03(\t\x1a\n\n\x08Teardown\x1an\n\x06\x41\x63\x63\x65pt\x12\x11\n\toffer_ids\x18\x01 \x03(\t\x12*\n\noperations\x18\x02 \x03(\x0b\x32\x16.offerbus.v1.Operation\x12%\n\x07\x66ilters\x18\x03 \x01(\x0b\x32\x14.offerbus.v1.Filters\x1aS\n\x07\x44\x65\x63line\x12\x11\n\toffer_ids\x18\x01 \x03(\t\x12%\n\x07\x66ilters\x18\x02 \x01(\x0b\x32\x14.offerbus.v1.Filters\x12\x0e\n\x06reason\x18\x03 \x01(\t\x1a\x17\n\x06Revive\x12\r\n\x05roles\x18\x01 \x03(\t\x1a\x19\n\x08Suppress\x12\r\n\x05roles\x18\x01 \x03(\t\x1a\x63\n\x04Kill\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12 \n\x13kill_grace_period_s\x18\x03 \x01(\x01H\x00\x88\x01\x01\x42\x16\n\x14_kill_grace_period_s\x1a\x7f\n\x0b\x41\x63knowledge\x12\x38\n\x04\x61\x63ks\x18\x01 \x03(\x0b\x32*.offerbus.v1.SchedulerCall.Acknowledge.Ack\x1a\x36\n\x03\x41\x63k\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x0c\n\x04uuid\x18\x03 \x01(\x0c\x1ap\n\tReconcile\x12\x38\n\x05tasks\x18\x01 \x03(\x0b\x32).offerbus.v1.SchedulerCall.Reconcile.Task\x1a)\n\x04Task\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x1a/\n\x07Request\x12$\n\x07\x64\x65mands\x18\x01 \x03(\x0b\x32\x13.offerbus.v1.DemandB\x06\n\x04\x63\x61ll\"\xdb\x08\n\x0eSchedulerEvent\x12<\n\nsubscribed\x18\x01 \x01(\x0b\x32&.offerbus.v1.SchedulerEvent.SubscribedH\x00\x12\x34\n\x06offers\x18\x02 \x01(\x0b\x32\".offerbus.v1.SchedulerEvent.OffersH\x00\x12\x36\n\x07rescind\x18\x03 \x01(\x0b\x32#.offerbus.v1.SchedulerEvent.RescindH\x00\x12\x34\n\x06update\x18\x04 \x01(\x0b\x32\".offerbus.v1.SchedulerEvent.UpdateH\x00\x12\x36\n\x07\x66\x61ilure\x18\x05 \x01(\x0b\x32#.offerbus.v1.SchedulerEvent.FailureH\x00\x12\x32\n\x05\x65rror\x18\x06 \x01(\x0b\x32!.offerbus.v1.SchedulerEvent.ErrorH\x00\x12\x45\n\x0f\x61\x63\x63\x65pt_rejected\x18\x07 \x01(\x0b\x32*.offerbus.v1.SchedulerEvent.AcceptRejectedH\x00\x12\x34\n\x06revoke\x18\x08 \x01(\x0b\x32\".offerbus.v1.SchedulerEvent.RevokeH\x00\x1a~\n\nSubscribed\x12\x14\n\x0c\x66ramework_id\x18\x01 \x01(\t\x12\x1d\n\x15heartbeat_interval_ms\x18\x02 \x01(\r\x12\x11\n\tmaster_id\x18\x03 \x01(\t\x12\x14\n\x0cmaster_epoch\x18\x04 \x01(\x04\x12\x12\n\ncluster_id\x18\x05 \x01(\t\x1a,\n\x06Offers\x12\"\n\x06offers\x18\x01 \x03(\x0b\x32\x12.offerbus.v1.Offer\x1aY\n\x07Rescind\x12\x11\n\toffer_ids\x18\x01 \x03(\t\x12*\n\x06reason\x18\x02 \x01(\x0e\x32\x1a.offerbus.v1.RescindReason\x12\x0f\n\x07message\x18\x03 \x01(\t\x1a\x33\n\x06Update\x12)\n\x08statuses\x18\x01 \x03(\x0b\x32\x17.offerbus.v1.TaskStatus\x1aZ\n\x07\x46\x61ilure\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x13\n\x0b\x65xecutor_id\x18\x02 \x01(\t\x12\x18\n\x0b\x65xit_status\x18\x03 \x01(\x05H\x00\x88\x01\x01\x42\x0e\n\x0c_exit_status\x1a\x18\n\x05\x45rror\x12\x0f\n\x07message\x18\x01 \x01(\t\x1aq\n\x0e\x41\x63\x63\x65ptRejected\x12\x11\n\toffer_ids\x18\x01 \x03(\t\x12\x10\n\x08task_ids\x18\x02 \x03(\t\x12)\n\x06reason\x18\x03 \x01(\x0e\x32\x19.offerbus.v1.RejectReason\x12\x0f\n\x07message\x18\x04 \x01(\t\x1aN\n\x06Revoke\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x10\n\x08task_ids\x18\x02 \x03(\t\x12\x0f\n\x07grace_s\x18\x03 \x01(\x01\x12\x0f\n\x07message\x18\x04 \x01(\tB\x07\n\x05\x65ventb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,43 +33,47 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'schemas.scheduler_pb2', _gl
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SCHEDULERCALL']._serialized_start=63
-  _globals['_SCHEDULERCALL']._serialized_end=1324
-  _globals['_SCHEDULERCALL_SUBSCRIBE']._serialized_start=607
-  _globals['_SCHEDULERCALL_SUBSCRIBE']._serialized_end=711
-  _globals['_SCHEDULERCALL_TEARDOWN']._serialized_start=713
-  _globals['_SCHEDULERCALL_TEARDOWN']._serialized_end=723
-  _globals['_SCHEDULERCALL_ACCEPT']._serialized_start=725
-  _globals['_SCHEDULERCALL_ACCEPT']._serialized_end=835
-  _globals['_SCHEDULERCALL_DECLINE']._serialized_start=837
-  _globals['_SCHEDULERCALL_DECLINE']._serialized_end=920
-  _globals['_SCHEDULERCALL_REVIVE']._serialized_start=922
-  _globals['_SCHEDULERCALL_REVIVE']._serialized_end=945
-  _globals['_SCHEDULERCALL_SUPPRESS']._serialized_start=947
-  _globals['_SCHEDULERCALL_SUPPRESS']._serialized_end=972
-  _globals['_SCHEDULERCALL_KILL']._serialized_start=974
-  _globals['_SCHEDULERCALL_KILL']._serialized_end=1073
-  _globals['_SCHEDULERCALL_ACKNOWLEDGE']._serialized_start=1075
-  _globals['_SCHEDULERCALL_ACKNOWLEDGE']._serialized_end=1202
-  _globals['_SCHEDULERCALL_ACKNOWLEDGE_ACK']._serialized_start=1148
-  _globals['_SCHEDULERCALL_ACKNOWLEDGE_ACK']._serialized_end=1202
-  _globals['_SCHEDULERCALL_RECONCILE']._serialized_start=1204
-  _globals['_SCHEDULERCALL_RECONCILE']._serialized_end=1316
-  _globals['_SCHEDULERCALL_RECONCILE_TASK']._serialized_start=1275
-  _globals['_SCHEDULERCALL_RECONCILE_TASK']._serialized_end=1316
-  _globals['_SCHEDULEREVENT']._serialized_start=1327
-  _globals['_SCHEDULEREVENT']._serialized_end=2308
-  _globals['_SCHEDULEREVENT_SUBSCRIBED']._serialized_start=1750
-  _globals['_SCHEDULEREVENT_SUBSCRIBED']._serialized_end=1876
-  _globals['_SCHEDULEREVENT_OFFERS']._serialized_start=1878
-  _globals['_SCHEDULEREVENT_OFFERS']._serialized_end=1922
-  _globals['_SCHEDULEREVENT_RESCIND']._serialized_start=1924
-  _globals['_SCHEDULEREVENT_RESCIND']._serialized_end=2013
-  _globals['_SCHEDULEREVENT_UPDATE']._serialized_start=2015
-  _globals['_SCHEDULEREVENT_UPDATE']._serialized_end=2066
-  _globals['_SCHEDULEREVENT_FAILURE']._serialized_start=2068
-  _globals['_SCHEDULEREVENT_FAILURE']._serialized_end=2158
-  _globals['_SCHEDULEREVENT_ERROR']._serialized_start=2160
-  _globals['_SCHEDULEREVENT_ERROR']._serialized_end=2184
-  _globals['_SCHEDULEREVENT_ACCEPTREJECTED']._serialized_start=2186
-  _globals['_SCHEDULEREVENT_ACCEPTREJECTED']._serialized_end=2299
+  _globals['_SCHEDULERCALL']._serialized_end=1428
+  _globals['_SCHEDULERCALL_SUBSCRIBE']._serialized_start=662
+  _globals['_SCHEDULERCALL_SUBSCRIBE']._serialized_end=766
+  _globals['_SCHEDULERCALL_TEARDOWN']._serialized_start=768
+  _globals['_SCHEDULERCALL_TEARDOWN']._serialized_end=778
+  _globals['_SCHEDULERCALL_ACCEPT']._serialized_start=780
+  _globals['_SCHEDULERCALL_ACCEPT']._serialized_end=890
+  _globals['_SCHEDULERCALL_DECLINE']._serialized_start=892
+  _globals['_SCHEDULERCALL_DECLINE']._serialized_end=975
+  _globals['_SCHEDULERCALL_REVIVE']._serialized_start=977
+  _globals['_SCHEDULERCALL_REVIVE']._serialized_end=1000
+  _globals['_SCHEDULERCALL_SUPPRESS']._serialized_start=1002
+  _globals['_SCHEDULERCALL_SUPPRESS']._serialized_end=1027
+  _globals['_SCHEDULERCALL_KILL']._serialized_start=1029
+  _globals['_SCHEDULERCALL_KILL']._serialized_end=1128
+  _globals['_SCHEDULERCALL_ACKNOWLEDGE']._serialized_start=1130
+  _globals['_SCHEDULERCALL_ACKNOWLEDGE']._serialized_end=1257
+  _globals['_SCHEDULERCALL_ACKNOWLEDGE_ACK']._serialized_start=1203
+  _globals['_SCHEDULERCALL_ACKNOWLEDGE_ACK']._serialized_end=1257
+  _globals['_SCHEDULERCALL_RECONCILE']._serialized_start=1259
+  _globals['_SCHEDULERCALL_RECONCILE']._serialized_end=1371
+  _globals['_SCHEDULERCALL_RECONCILE_TASK']._serialized_start=1330
+  _globals['_SCHEDULERCALL_RECONCILE_TASK']._serialized_end=1371
+  _globals['_SCHEDULERCALL_REQUEST']._serialized_start=1373
+  _globals['_SCHEDULERCALL_REQUEST']._serialized_end=1420
+  _globals['_SCHEDULEREVENT']._serialized_start=1431
+  _globals['_SCHEDULEREVENT']._serialized_end=2546
+  _globals['_SCHEDULEREVENT_SUBSCRIBED']._serialized_start=1908
+  _globals['_SCHEDULEREVENT_SUBSCRIBED']._serialized_end=2034
+  _globals['_SCHEDULEREVENT_OFFERS']._serialized_start=2036
+  _globals['_SCHEDULEREVENT_OFFERS']._serialized_end=2080
+  _globals['_SCHEDULEREVENT_RESCIND']._serialized_start=2082
+  _globals['_SCHEDULEREVENT_RESCIND']._serialized_end=2171
+  _globals['_SCHEDULEREVENT_UPDATE']._serialized_start=2173
+  _globals['_SCHEDULEREVENT_UPDATE']._serialized_end=2224
+  _globals['_SCHEDULEREVENT_FAILURE']._serialized_start=2226
+  _globals['_SCHEDULEREVENT_FAILURE']._serialized_end=2316
+  _globals['_SCHEDULEREVENT_ERROR']._serialized_start=2318
+  _globals['_SCHEDULEREVENT_ERROR']._serialized_end=2342
+  _globals['_SCHEDULEREVENT_ACCEPTREJECTED']._serialized_start=2344
+  _globals['_SCHEDULEREVENT_ACCEPTREJECTED']._serialized_end=2457
+  _globals['_SCHEDULEREVENT_REVOKE']._serialized_start=2459
+  _globals['_SCHEDULEREVENT_REVOKE']._serialized_end=2537
 # @@protoc_insertion_point(module_scope)

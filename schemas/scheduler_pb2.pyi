@@ -286,6 +286,29 @@ class SchedulerCall(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class Request(_message.Message):
+        """Declare what the framework wants (see Demand): replaces the demand declared before.
+        No demands = unknown (the default): the framework is offered as Mesos would, whole
+        agents' free resources in DRF order.
+        """
+
+        DESCRIPTOR: _descriptor.Descriptor
+
+        DEMANDS_FIELD_NUMBER: _builtins.int
+        @_builtins.property
+        def demands(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Demand]: ...
+        def __init__(
+            self,
+            *,
+            demands: _abc.Iterable[_common_pb2.Demand] | None = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["demands", b"demands"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     FRAMEWORK_ID_FIELD_NUMBER: _builtins.int
     SUBSCRIBE_FIELD_NUMBER: _builtins.int
     TEARDOWN_FIELD_NUMBER: _builtins.int
@@ -296,6 +319,7 @@ class SchedulerCall(_message.Message):
     KILL_FIELD_NUMBER: _builtins.int
     ACKNOWLEDGE_FIELD_NUMBER: _builtins.int
     RECONCILE_FIELD_NUMBER: _builtins.int
+    REQUEST_FIELD_NUMBER: _builtins.int
     framework_id: _builtins.str
     """Empty only in the first Subscribe."""
     @_builtins.property
@@ -316,6 +340,8 @@ class SchedulerCall(_message.Message):
     def acknowledge(self) -> Global___SchedulerCall.Acknowledge: ...
     @_builtins.property
     def reconcile(self) -> Global___SchedulerCall.Reconcile: ...
+    @_builtins.property
+    def request(self) -> Global___SchedulerCall.Request: ...
     def __init__(
         self,
         *,
@@ -329,12 +355,13 @@ class SchedulerCall(_message.Message):
         kill: Global___SchedulerCall.Kill | None = ...,
         acknowledge: Global___SchedulerCall.Acknowledge | None = ...,
         reconcile: Global___SchedulerCall.Reconcile | None = ...,
+        request: Global___SchedulerCall.Request | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["accept", b"accept", "acknowledge", b"acknowledge", "call", b"call", "decline", b"decline", "kill", b"kill", "reconcile", b"reconcile", "revive", b"revive", "subscribe", b"subscribe", "suppress", b"suppress", "teardown", b"teardown"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["accept", b"accept", "acknowledge", b"acknowledge", "call", b"call", "decline", b"decline", "kill", b"kill", "reconcile", b"reconcile", "request", b"request", "revive", b"revive", "subscribe", b"subscribe", "suppress", b"suppress", "teardown", b"teardown"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["accept", b"accept", "acknowledge", b"acknowledge", "call", b"call", "decline", b"decline", "framework_id", b"framework_id", "kill", b"kill", "reconcile", b"reconcile", "revive", b"revive", "subscribe", b"subscribe", "suppress", b"suppress", "teardown", b"teardown"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accept", b"accept", "acknowledge", b"acknowledge", "call", b"call", "decline", b"decline", "framework_id", b"framework_id", "kill", b"kill", "reconcile", b"reconcile", "request", b"request", "revive", b"revive", "subscribe", b"subscribe", "suppress", b"suppress", "teardown", b"teardown"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_call: _TypeAlias = _typing.Literal["subscribe", "teardown", "accept", "decline", "revive", "suppress", "kill", "acknowledge", "reconcile"]  # noqa: Y015
+    _WhichOneofReturnType_call: _TypeAlias = _typing.Literal["subscribe", "teardown", "accept", "decline", "revive", "suppress", "kill", "acknowledge", "reconcile", "request"]  # noqa: Y015
     _WhichOneofArgType_call: _TypeAlias = _typing.Literal["call", b"call"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_call) -> _WhichOneofReturnType_call | None: ...
 
@@ -521,6 +548,39 @@ class SchedulerEvent(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class Revoke(_message.Message):
+        """Revocation: the framework runs above its fair share and a framework below it needs
+        these tasks' resources. They are killed (TASK_KILLED, REASON_TASK_REVOKED) after
+        `grace_s` unless the framework frees as much on that agent first (by killing tasks of
+        its choice).
+        """
+
+        DESCRIPTOR: _descriptor.Descriptor
+
+        AGENT_ID_FIELD_NUMBER: _builtins.int
+        TASK_IDS_FIELD_NUMBER: _builtins.int
+        GRACE_S_FIELD_NUMBER: _builtins.int
+        MESSAGE_FIELD_NUMBER: _builtins.int
+        agent_id: _builtins.str
+        grace_s: _builtins.float
+        message: _builtins.str
+        @_builtins.property
+        def task_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+        def __init__(
+            self,
+            *,
+            agent_id: _builtins.str = ...,
+            task_ids: _abc.Iterable[_builtins.str] | None = ...,
+            grace_s: _builtins.float = ...,
+            message: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "grace_s", b"grace_s", "message", b"message", "task_ids", b"task_ids"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     SUBSCRIBED_FIELD_NUMBER: _builtins.int
     OFFERS_FIELD_NUMBER: _builtins.int
     RESCIND_FIELD_NUMBER: _builtins.int
@@ -528,6 +588,7 @@ class SchedulerEvent(_message.Message):
     FAILURE_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     ACCEPT_REJECTED_FIELD_NUMBER: _builtins.int
+    REVOKE_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def subscribed(self) -> Global___SchedulerEvent.Subscribed: ...
     @_builtins.property
@@ -542,6 +603,8 @@ class SchedulerEvent(_message.Message):
     def error(self) -> Global___SchedulerEvent.Error: ...
     @_builtins.property
     def accept_rejected(self) -> Global___SchedulerEvent.AcceptRejected: ...
+    @_builtins.property
+    def revoke(self) -> Global___SchedulerEvent.Revoke: ...
     def __init__(
         self,
         *,
@@ -552,12 +615,13 @@ class SchedulerEvent(_message.Message):
         failure: Global___SchedulerEvent.Failure | None = ...,
         error: Global___SchedulerEvent.Error | None = ...,
         accept_rejected: Global___SchedulerEvent.AcceptRejected | None = ...,
+        revoke: Global___SchedulerEvent.Revoke | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["accept_rejected", b"accept_rejected", "error", b"error", "event", b"event", "failure", b"failure", "offers", b"offers", "rescind", b"rescind", "subscribed", b"subscribed", "update", b"update"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["accept_rejected", b"accept_rejected", "error", b"error", "event", b"event", "failure", b"failure", "offers", b"offers", "rescind", b"rescind", "revoke", b"revoke", "subscribed", b"subscribed", "update", b"update"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["accept_rejected", b"accept_rejected", "error", b"error", "event", b"event", "failure", b"failure", "offers", b"offers", "rescind", b"rescind", "subscribed", b"subscribed", "update", b"update"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accept_rejected", b"accept_rejected", "error", b"error", "event", b"event", "failure", b"failure", "offers", b"offers", "rescind", b"rescind", "revoke", b"revoke", "subscribed", b"subscribed", "update", b"update"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["subscribed", "offers", "rescind", "update", "failure", "error", "accept_rejected"]  # noqa: Y015
+    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["subscribed", "offers", "rescind", "update", "failure", "error", "accept_rejected", "revoke"]  # noqa: Y015
     _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_event) -> _WhichOneofReturnType_event | None: ...
 

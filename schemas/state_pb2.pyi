@@ -151,6 +151,7 @@ class FrameworkRecord(_message.Message):
     SUPPRESSED_ROLES_FIELD_NUMBER: _builtins.int
     OFFERED_RESOURCES_FIELD_NUMBER: _builtins.int
     USED_RESOURCES_FIELD_NUMBER: _builtins.int
+    DEMANDS_FIELD_NUMBER: _builtins.int
     connected: _builtins.bool
     """A scheduler is subscribed right now."""
     registered_at_us: _builtins.int
@@ -170,6 +171,10 @@ class FrameworkRecord(_message.Message):
     def used_resources(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Resource]:
         """Resources held by its non-terminal tasks."""
 
+    @_builtins.property
+    def demands(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Demand]:
+        """Its declared demand (SchedulerCall.Request); empty = unknown."""
+
     def __init__(
         self,
         *,
@@ -180,10 +185,11 @@ class FrameworkRecord(_message.Message):
         suppressed_roles: _abc.Iterable[_builtins.str] | None = ...,
         offered_resources: _abc.Iterable[_common_pb2.Resource] | None = ...,
         used_resources: _abc.Iterable[_common_pb2.Resource] | None = ...,
+        demands: _abc.Iterable[_common_pb2.Demand] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["framework_info", b"framework_info"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["connected", b"connected", "disconnected_at_us", b"disconnected_at_us", "framework_info", b"framework_info", "offered_resources", b"offered_resources", "registered_at_us", b"registered_at_us", "suppressed_roles", b"suppressed_roles", "used_resources", b"used_resources"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["connected", b"connected", "demands", b"demands", "disconnected_at_us", b"disconnected_at_us", "framework_info", b"framework_info", "offered_resources", b"offered_resources", "registered_at_us", b"registered_at_us", "suppressed_roles", b"suppressed_roles", "used_resources", b"used_resources"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

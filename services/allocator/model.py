@@ -106,6 +106,7 @@ class Outcome(enum.Enum):
     NO_FIT = "OUTCOME_NO_FIT"
     FAIR_SHARE = "OUTCOME_FAIR_SHARE"
     INACTIVE = "OUTCOME_INACTIVE"
+    DEMAND_MET = "OUTCOME_DEMAND_MET"
 
 
 @dataclass(frozen=True)
