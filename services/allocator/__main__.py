@@ -6,6 +6,7 @@ import socket
 import sys
 from typing import Any
 
+from services.allocator.core import DEFAULT_REVOCATION_GRACE_S
 from services.allocator.shell import AllocatorConfig, AllocatorShell
 from services.shell.config import Option, common_fields
 from services.shell.process import main as run_service
@@ -16,13 +17,18 @@ OPTIONS = (
            minimum=0.01),
     Option("batch", float, 0.05, "seconds events are batched into one allocation cycle",
            minimum=0.0, maximum=10.0),
+    Option("revocation_grace", float, DEFAULT_REVOCATION_GRACE_S,
+           "seconds a framework above its fair share has to give tasks back before the "
+           "master kills them; negative turns revocation off", minimum=-1.0, maximum=3600.0),
 )
 
 
 def build(v: dict[str, Any]) -> AllocatorShell:
     return AllocatorShell(AllocatorConfig(
         allocator_id=v["id"], election_url=v["cluster"], interval=v["interval"],
-        batch=v["batch"], **common_fields(v)))
+        batch=v["batch"],
+        revocation_grace=None if v["revocation_grace"] < 0 else v["revocation_grace"],
+        **common_fields(v)))
 
 
 def main(argv: list[str] | None = None) -> int:

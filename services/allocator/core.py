@@ -12,6 +12,7 @@ from bisect import bisect_left, insort
 from collections.abc import Iterable
 
 from services.allocator.decide import decide
+from services.allocator.fill import Shape, headroom, next_unit, take_unit
 from services.allocator.filters import DeclineFilters
 from services.allocator.model import (
     Agent,
@@ -25,6 +26,8 @@ from services.allocator.model import (
     Notes,
     Outcome,
 )
+from services.allocator.reclaim import Plan
+from services.allocator.reclaim import plan as plan_reclaims
 from services.allocator.sorter import DRFSorter, Sorter, scalar_vector
 from services.resources import MILLI, UNRESERVED, Resources
 
@@ -33,6 +36,9 @@ MAX_REFUSE_SECONDS = 365 * 24 * 3600.0  # Mesos caps filters at a year too
 # An agent's free resources are worth offering only above these (Mesos MIN_CPUS/MIN_MEM).
 MIN_CPUS = 0.01
 MIN_MEM = 32.0
+# Revocation: a framework above its share is asked to give tasks back, and they are killed
+# after this long (it may free as much itself first); None turns revocation off.
+DEFAULT_REVOCATION_GRACE_S = 5.0
 NOTHING = Resources()
 
 __all__ = ["DEFAULT_REFUSE_SECONDS", "MAX_REFUSE_SECONDS", "MIN_CPUS", "MIN_MEM", "Agent",
@@ -63,7 +69,8 @@ class AllocatorCore:
 
     def __init__(self, sorter: Sorter | None = None, id_prefix: str = "",
                  min_cpus: float = MIN_CPUS, min_mem: float = MIN_MEM,
-                 incremental: bool = True) -> None:
+                 incremental: bool = True,
+                 revocation_grace_s: float | None = DEFAULT_REVOCATION_GRACE_S) -> None:
         self.sorter: Sorter = sorter if sorter is not None else DRFSorter()
         self.id_prefix = id_prefix
         self.incremental = incremental
@@ -80,6 +87,14 @@ class AllocatorCore:
         self._idle: set[str] = set()  # agents left allocatable, refused by every framework
         self._fresh: set[str] = set()  # frameworks the next cycle tries on idle agents
         self._touched: set[str] = set()  # frameworks whose decision the next cycle re-makes
+        # Fair share (reclaim.py): frameworks with unmet declared demand, offered nothing;
+        # those with a reclaim in flight (until when); pending revocations per (holder,
+        # agent) (until when); and what is being done for each, for its decision.
+        self.revocation_grace_s = revocation_grace_s
+        self._wanting: set[str] = set()
+        self._reclaiming: dict[str, float] = {}
+        self._revoking: dict[tuple[str, str], float] = {}
+        self.said: dict[str, str] = {}
 
     # -- agents ------------------------------------------------------------------------
     def agent_added(self, agent_id: str, hostname: str, total: Resources,
@@ -113,10 +128,14 @@ class AllocatorCore:
             held = agent.offered.get(framework_id, NOTHING) + agent.used.get(
                 framework_id, NOTHING)
             self.sorter.unallocated(framework_id, held)
-            self.frameworks[framework_id].agents.discard(agent_id)
+            fw = self.frameworks[framework_id]
+            fw.agents.discard(agent_id)
             self._touched.add(framework_id)
+            if fw.demands:  # it holds less: an idle agent may now fit its next task
+                self._fresh.add(framework_id)
         self.filters.drop_agent(agent_id)
         self.sorter.remove_total(agent.total)
+        self._revoking = {k: t for k, t in self._revoking.items() if k[1] != agent_id}
         del self.agents[agent_id]
         self._dirty.discard(agent_id)
         self._idle.discard(agent_id)
@@ -150,6 +169,24 @@ class AllocatorCore:
         self.decisions.pop(framework_id, None)
         self._fresh.discard(framework_id)
         self._touched.discard(framework_id)
+        self._forget_wants(framework_id)
+        self._revoking = {k: t for k, t in self._revoking.items() if k[0] != framework_id}
+
+    def _forget_wants(self, framework_id: str) -> None:
+        self._wanting.discard(framework_id)
+        self._reclaiming.pop(framework_id, None)
+        self.said.pop(framework_id, None)
+
+    def demand(self, framework_id: str, shapes: Iterable[Shape]) -> None:
+        """The framework declared what it wants (REQUEST): tasks of these shapes, in total
+        (held plus wanted). Empty = unknown: offered as Mesos would."""
+        fw = self._framework(framework_id)
+        new = tuple(shapes)
+        if new != fw.demands:
+            fw.demands = new
+            self._fresh.add(framework_id)
+            self._touched.add(framework_id)
+            self._forget_wants(framework_id)
 
     def framework_activated(self, framework_id: str) -> None:
         fw = self._framework(framework_id)
@@ -162,6 +199,7 @@ class AllocatorCore:
         """Its scheduler disconnected: no new offers until it comes back."""
         self._framework(framework_id).active = False
         self._touched.add(framework_id)
+        self._forget_wants(framework_id)
 
     def suppress(self, framework_id: str, roles: Iterable[str] = ()) -> None:
         """Stop offering to the framework (`roles` empty = all its roles)."""
@@ -220,6 +258,7 @@ class AllocatorCore:
             raise AllocatorError(f"agent {agent_id}: framework {framework_id} releases "
                                  f"{resources} but its tasks hold {used}")
         self._give_back(agent, fw, agent.used, resources)
+        self._revoking.pop((framework_id, agent_id), None)  # served (or freed anyway)
         return True
 
     def recover(self, agent_id: str, framework_id: str, resources: Resources,
@@ -258,19 +297,36 @@ class AllocatorCore:
         self.filters.add(Filter(framework_id, agent_id, resources, until))
         self._touched.add(framework_id)
 
-    def next_filter_expiry(self, now: float) -> float | None:
-        """When the earliest decline filter still in force ends (its resources may then be
-        offered again), or None."""
-        return self.filters.next_expiry(now)
+    def next_deadline(self, now: float) -> float | None:
+        """When the next cycle is due without an event: the earliest decline filter still
+        in force ends (its resources may then be offered again), or a reclaim's patience
+        ends (it is tried again); None if neither."""
+        times = [t for t in (self.filters.next_expiry(now), *self._reclaiming.values(),
+                             *self._revoking.values()) if t is not None]
+        return min(times, default=None)
+
+    # -- fair share: reclaims in flight (reclaim.py) -----------------------------------
+    def reclaim_started(self, framework_id: str, until: float) -> None:
+        self._reclaiming[framework_id] = until
+
+    def revocation_started(self, framework_id: str, holder: str, agent_id: str,
+                           until: float) -> None:
+        self._reclaiming[framework_id] = until
+        self._revoking[(holder, agent_id)] = until
+
+    def revoking(self, holder: str, agent_id: str, now: float) -> bool:
+        return self._revoking.get((holder, agent_id), -math.inf) > now
 
     # -- allocation --------------------------------------------------------------------
     def allocate(self, now: float) -> Cycle:
         """One allocation cycle: each visited agent's free resources (those a framework's
-        role may use) go whole to the framework with the lowest weighted dominant share
-        that is active, not suppressed and not filtered there; it is then re-sorted.
-        Visited: dirty agents (with every framework), and idle ones if a framework is fresh
-        (with the fresh ones), in the order agents were added — what a full scan would
-        offer, since every other agent would be refused by every framework."""
+        role may use) are filled progressively (`_fill`): the framework with the lowest
+        weighted dominant share that is active, not suppressed and not filtered there takes
+        one task of its declared demand, or all it may take if its demand is unknown; it
+        is then re-sorted. Visited: dirty agents (with every framework), and idle ones if a
+        framework is fresh (with the fresh ones), in the order agents were added — what a
+        full scan would offer, since every other agent would be refused by every framework.
+        Then frameworks below their share that got nothing reclaim (reclaim.py)."""
         for flt in self.filters.expire(now):
             self._dirty.add(flt.agent_id)
             self._touched.add(flt.framework_id)
@@ -287,13 +343,53 @@ class AllocatorCore:
             visited = self._visit(fresh, notes, allocations, now)
         self._dirty, self._fresh = set(), set()
         touched, self._touched = self._touched.union(notes), set()
+        plan = self._plan_reclaims(fresh, touched, allocations, bool(visited), now)
         remade = []
         for fid in sorted(touched):
             d = decide(self, fws[fid], notes.get(fid), bool(allocations), now)
             self.decisions[fid] = d
             remade.append(d)
         return Cycle(self.cycle, tuple(allocations), tuple(self.decisions.values()),
-                     tuple(remade), visited)
+                     tuple(remade), visited, tuple(plan.reclaims), tuple(plan.revocations))
+
+    def _wants(self, fid: str) -> bool:
+        """Below its declared demand, with no offer outstanding: it reclaims if it can."""
+        fw = self.frameworks[fid]
+        return bool(fw.active and not fw.suppressed and fw.demands
+                    and next_unit(fw.demands, self.sorter.allocation(fid)) is not None
+                    and not any(fid in self.agents[a].offered for a in fw.agents))
+
+    def _plan_reclaims(self, fresh: set[str], touched: set[str],
+                       allocations: list[Allocation], visited: bool, now: float) -> Plan:
+        """Keep the wanting set (declared demand unmet, offered nothing) for the frameworks
+        this cycle concerns, and plan reclaims for them and for fresh frameworks of
+        unknown demand offered nothing; `touched` gains those whose decision changes."""
+        fws = self.frameworks
+        got = {a.framework_id for a in allocations}
+        for fid in got:
+            self._forget_wants(fid)
+        for fid in touched - got:
+            if self._wants(fid):
+                self._wanting.add(fid)
+            else:
+                self._forget_wants(fid)
+        expired = [f for f, t in self._reclaiming.items() if t <= now]
+        for fid in expired:
+            del self._reclaiming[fid]
+            self.said.pop(fid, None)
+            touched.add(fid)
+        if self._revoking:
+            left = {k: t for k, t in self._revoking.items() if t > now}
+            expired += [k[0] for k in self._revoking.keys() - left.keys()]
+            self._revoking = left
+        newcomers = [f for f in fresh if not fws[f].demands and f not in got]
+        wanting = [f for f in self._wanting if f not in self._reclaiming]
+        if not (wanting or newcomers) or not (visited or touched or expired):
+            return Plan()
+        out = plan_reclaims(self, wanting, newcomers, now)
+        self.said.update(out.said)
+        touched.update(out.said)
+        return out
 
     def _visit(self, fresh: set[str], notes: dict[str, Notes],
                allocations: list[Allocation], now: float) -> int:
@@ -307,68 +403,152 @@ class AllocatorCore:
         visit = dirty | idle if fresh_order else dirty
         ids: Iterable[str] = (agents if len(visit) == len(agents)
                               else sorted(visit, key=lambda a: agents[a].seq))
-        allocatable, filters_on = self._allocatable, self.filters.on
         for agent_id in ids:
             agent = agents[agent_id]
-            flts_by_fw = filters_on(agent_id)
-            cands = order if agent_id in dirty else fresh_order
-            taken: list[str] = []
-            usable: dict[str, tuple[Resources, bool]] = {}  # role -> (offer, allocatable)
-            i = 0
-            free_ok = allocatable(agent.free)
-            while free_ok and i < len(cands):
-                fid = cands[i][1]
-                fw = fws[fid]
-                note = notes.get(fid)
-                if note is None:
-                    note = notes[fid] = Notes()
-                seen = usable.get(fw.role)
-                if seen is None:
-                    offer = _usable(agent.free, fw.role)
-                    seen = usable[fw.role] = (offer, allocatable(offer))
-                offer, fits = seen
-                if not fits:
-                    note.no_fit += 1
-                    i += 1
-                    continue
-                flts = flts_by_fw.get(fid)
-                until = _refusal(flts, offer, now) if flts else None
-                if until is not None:
-                    note.agents_filtered += 1
-                    if note.first_filtered is None:
-                        note.first_filtered = (agent_id, until)
-                    i += 1
-                    continue
-                allocation = self._offer(agent, fw, offer, len(allocations))
+            lists = (order, fresh_order) if agent_id in dirty else (fresh_order, order)
+            for fid, (offer, before) in self._fill(agent, lists, fresh, notes, now).items():
+                n = len(allocations)
+                allocation = Allocation(f"{self.id_prefix}{self.cycle}-{n}", fid, agent_id,
+                                        fws[fid].role, offer, *before, self.cycle)
                 allocations.append(allocation)
-                note.allocation_ids.append(allocation.allocation_id)
-                entry = cands.pop(i)  # it took all it may use of this agent
-                if fid in fresh:
-                    _remove(fresh_order if cands is order else order, entry)
-                taken.append(fid)
-                usable.clear()
-                free_ok = allocatable(agent.free)
-            for fid in taken:
-                entry = (self.sorter.key(fid), fid)
-                insort(order, entry)
-                if fid in fresh:
-                    insort(fresh_order, entry)
-            if free_ok:
+                notes[fid].allocation_ids.append(allocation.allocation_id)
+            if self._allocatable(agent.free):
                 idle.add(agent_id)
             else:
                 idle.discard(agent_id)
         return len(visit)
 
-    def _offer(self, agent: Agent, fw: Framework, offer: Resources, n: int) -> Allocation:
+    def _fill(self, agent: Agent, lists: tuple[Order, Order], fresh: set[str],
+              notes: dict[str, Notes], now: float,
+              ) -> dict[str, tuple[Resources, tuple[float, str, float]]]:
+        """Progressive filling of one agent: the candidate with the lowest weighted share
+        takes one task of its declared demand (then is re-sorted and may take more), or,
+        of unknown demand, what it may hold before it passes the next candidate with
+        declared demand, or the whole rest when no such candidate follows (Mesos). What
+        each framework took, with its share before."""
+        cands, other = lists
+        fws, sorter, allocatable = self.frameworks, self.sorter, self._allocatable
+        flts_by_fw = self.filters.on(agent.agent_id)
+        done: set[str] = set()  # finished on this agent: took the rest, refused, met, unfit
+        got: dict[str, tuple[Resources, tuple[float, str, float]]] = {}
+        usable: dict[str, tuple[Resources, bool]] = {}  # role -> (its part, allocatable)
+        i = 0
+        forced: int | None = None  # a declared candidate tied with the one at i goes first
+        free_ok = allocatable(agent.free)
+        while free_ok and i < len(cands):
+            pos, forced = (i, None) if forced is None else (forced, None)
+            fid = cands[pos][1]
+            if fid in done:
+                i += 1
+                continue
+            fw = fws[fid]
+            note = notes.get(fid)
+            if note is None:
+                note = notes[fid] = Notes()
+            seen = usable.get(fw.role)
+            if seen is None:
+                part = _usable(agent.free, fw.role)
+                seen = usable[fw.role] = (part, allocatable(part))
+            offer, fits = seen
+            flts = flts_by_fw.get(fid)
+            take: Resources | None = offer
+            whole = True
+            if not fits:
+                note.no_fit += 1
+                take = None
+            elif fw.demands:
+                unit = next_unit(fw.demands, sorter.allocation(fid))
+                whole = False
+                if unit is None:
+                    note.demand_met, take = True, None
+                else:
+                    take = take_unit(offer, unit, fw.role)
+                    if take is None:
+                        note.unfit = unit
+            elif flts and _refusal(flts, offer, now) is not None:
+                pass  # refused whole, refused in part too: said below
+            else:
+                j = self._next_declared(cands, i, done, agent, now)
+                if j is not None:
+                    level = cands[j][0] * sorter.dominant(fid)[2]
+                    take = headroom(offer, sorter.allocation(fid), sorter.total, level)
+                    whole = False
+                    if not take:  # at the next one's share already: that one goes first
+                        forced = j
+                        continue
+            if take is not None and flts and (whole or fw.demands):
+                until = _refusal(flts, take, now)
+                if until is not None:
+                    note.agents_filtered += 1
+                    if note.first_filtered is None:
+                        note.first_filtered = (agent.agent_id, until)
+                    take = None
+            if take is None:
+                done.add(fid)
+                if pos == i:
+                    i += 1
+                continue
+            if fid not in got:
+                got[fid] = (NOTHING, sorter.dominant(fid))
+            self._hold(agent, fw, take)
+            got[fid] = (got[fid][0] + take, got[fid][1])
+            if fw.demands:
+                note.units += 1
+            if whole:
+                done.add(fid)
+            self._resort(fid, cands, other, fresh, cands[pos])
+            usable.clear()
+            free_ok = allocatable(agent.free)
+        return got
+
+    def _next_declared(self, cands: Order, i: int, done: set[str], agent: Agent,
+                       now: float) -> int | None:
+        """Where the next candidate after `i` that would take something of the agent stands,
+        if it declared demand (else None: the one at `i` may take the rest). Candidates that
+        would refuse are passed over, as they are absent from an incremental visit."""
+        flts_by_fw = self.filters.on(agent.agent_id)
+        for j in range(i + 1, len(cands)):
+            fid = cands[j][1]
+            if fid in done:
+                continue
+            fw = self.frameworks[fid]
+            offer = _usable(agent.free, fw.role)
+            if not self._allocatable(offer):
+                continue
+            if fw.demands:
+                unit = next_unit(fw.demands, self.sorter.allocation(fid))
+                take = None if unit is None else take_unit(offer, unit, fw.role)
+                if take is None:
+                    continue
+                offer = take
+            flts = flts_by_fw.get(fid)
+            if flts and _refusal(flts, offer, now) is not None:
+                continue
+            return j if fw.demands else None
+        return None
+
+    def _hold(self, agent: Agent, fw: Framework, take: Resources) -> None:
         fid = fw.framework_id
-        dominant_share, dominant_resource, weight = self.sorter.dominant(fid)
         held = agent.offered.get(fid)
-        agent.offered[fid] = offer if held is None else held + offer
-        agent.free = NOTHING if offer is agent.free else agent.free - offer
+        agent.offered[fid] = take if held is None else held + take
+        agent.free = NOTHING if take is agent.free else agent.free - take
         fw.agents.add(agent.agent_id)
-        self.sorter.allocated(fid, offer)
-        return Allocation(f"{self.id_prefix}{self.cycle}-{n}", fid, agent.agent_id, fw.role,
-                          offer, dominant_share, dominant_resource, weight, self.cycle)
+        self.sorter.allocated(fid, take)
+
+    def _resort(self, fid: str, cands: Order, other: Order, fresh: set[str],
+                entry: tuple[float, str]) -> None:
+        """Its share grew: move it (to where the loop will reach it again, as its key only
+        grows) in the candidates, and in the other list if it is there too."""
+        new = (self.sorter.key(fid), fid)
+        _remove(cands, entry)
+        insort(cands, new)
+        if fid in fresh:  # fresh ones are in both lists
+            _remove(other, entry)
+            insort(other, new)
+
+    def allocatable(self, r: Resources) -> bool:
+        """Worth offering: at least MIN_CPUS or MIN_MEM."""
+        return self._allocatable(r)
 
     def _allocatable(self, r: Resources) -> bool:
         cpus = mem = 0
@@ -405,6 +585,8 @@ class AllocatorCore:
         self.sorter.unallocated(fid, resources)
         self._dirty.add(agent.agent_id)
         self._touched.add(fid)
+        if fw.demands:  # it holds less: an idle agent may now fit its next task
+            self._fresh.add(fid)
 
     def _agent(self, agent_id: str) -> Agent:
         try:
@@ -465,8 +647,13 @@ class AllocatorCore:
                 if not fw.active or fw.suppressed or fid in self._fresh:
                     continue
                 offer = _usable(agent.free, fw.role)
+                if fw.demands and self._allocatable(offer):
+                    unit = next_unit(fw.demands, self.sorter.allocation(fid))
+                    take = None if unit is None else take_unit(offer, unit, fw.role)
+                    offer = NOTHING if take is None else take
+                flts = self.filters.on(agent_id).get(fid, ())
                 assert not self._allocatable(offer) or any(
-                    f.refuses(offer, -math.inf) for f in self.filters.on(agent_id).get(fid, ())
+                    f.refuses(offer, -math.inf) for f in flts
                 ), f"idle {agent_id} would be offered to {fid}"
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from services.allocator.fill import next_unit
 from services.allocator.model import Decision, Framework, Notes, Outcome
 from services.resources import MILLI
 
@@ -41,11 +42,21 @@ def decide(core: AllocatorCore, fw: Framework, note: Notes | None, any_offered: 
             idle = core.idle_filtered(fw)
             if idle:
                 filtered, first = len(idle), idle[0]
+        said = core.said.get(fw.framework_id)
         if ids:
             outcome = Outcome.OFFERED
-            reason = (f"offered {len(ids)} agent(s) at dominant share "
+            tasks = (f" ({note.units} task(s) of its declared demand)" if fw.demands else "")
+            reason = (f"offered {len(ids)} agent(s){tasks} at dominant share "
                       f"{share.dominant_share:.3f} ({share.dominant_resource or '-'}), "
                       f"weight {share.weight:g}")
+        elif fw.demands and next_unit(fw.demands, core.sorter.allocation(fw.framework_id)) is None:
+            outcome = Outcome.DEMAND_MET
+            reason = (f"holds all it declared ({'; '.join(map(str, fw.demands))}); a new "
+                      f"REQUEST asks for more")
+        elif said is not None:
+            outcome = Outcome.FAIR_SHARE
+            reason = (f"below its fair share (weighted share {share.key:.3f}) and its next "
+                      f"task fits no free resources: {said}")
         elif first is not None:
             agent_id, until = first
             outcome = Outcome.FILTERED
@@ -55,6 +66,11 @@ def decide(core: AllocatorCore, fw: Framework, note: Notes | None, any_offered: 
             outcome = Outcome.FAIR_SHARE
             reason = (f"frameworks with a lower weighted share took the free resources "
                       f"(its share {share.key:.3f})")
+        elif note.unfit is not None:
+            outcome = Outcome.NO_FIT
+            reason = (f"its next declared task <{note.unfit.resources}> fits no free "
+                      f"resources of role {fw.role} or '*', and no framework above its "
+                      f"share holds any it could reclaim")
         else:
             outcome = Outcome.NO_FIT
             reason = (f"no agent has free resources of role {fw.role} or '*' above "

@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from schemas import bus_pb2, common_pb2, state_pb2
 from services import tasks as task_states
 from services.allocator.core import AllocatorCore, AllocatorError, Attributes
+from services.allocator.fill import Shape
 from services.notice import Notice
-from services.resources import Resources
+from services.resources import UNRESERVED, Resources
 
 REGISTERED = state_pb2.AgentRecord.Status.AGENT_STATUS_REGISTERED
 
@@ -53,6 +54,7 @@ class FrameworkView:
     role: str
     connected: bool
     suppressed_roles: frozenset[str]
+    demands: tuple[Shape, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -205,6 +207,8 @@ class StreamFeed:
             if view.suppressed_roles - old.suppressed_roles:
                 self.core.suppress(fid, view.suppressed_roles - old.suppressed_roles)
             fw.suppressed_roles -= old.suppressed_roles - view.suppressed_roles
+        if view.demands != (old.demands if old is not None else ()):
+            self.core.demand(fid, view.demands)
         self.frameworks[fid] = view
         return True
 
@@ -291,7 +295,17 @@ def _framework(value: state_pb2.StateValue | None) -> FrameworkView | None:
         return None
     rec = value.framework
     return FrameworkView(rec.framework_info.role, rec.connected,
-                         frozenset(rec.suppressed_roles))
+                         frozenset(rec.suppressed_roles), _demands(rec.demands))
+
+
+def _demands(demands: Iterable[common_pb2.Demand]) -> tuple[Shape, ...]:
+    """The declared demand (the master validated it; a shape that is still unusable makes
+    the whole demand unknown rather than half-read)."""
+    try:
+        return tuple(Shape.of(norm(d.resources).with_role(UNRESERVED), d.count, d.ports)
+                     for d in demands)
+    except ValueError:
+        return ()
 
 
 def _task(value: state_pb2.StateValue | None) -> TaskUse | None:

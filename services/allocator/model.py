@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from schemas import internal_pb2
+from services.allocator.fill import Shape
 from services.resources import Resources
 
 Attributes = Mapping[str, str | float]
@@ -48,6 +49,7 @@ class Framework:
     active: bool
     suppressed_roles: set[str] = field(default_factory=set)
     agents: set[str] = field(default_factory=set)  # where it holds offered or used resources
+    demands: tuple[Shape, ...] = ()  # declared (REQUEST); empty = unknown, offered as Mesos
 
     @property
     def suppressed(self) -> bool:
@@ -137,6 +139,42 @@ class Decision:
             decided_at_us=int(self.decided_at * 1_000_000))
 
 
+@dataclass(frozen=True, slots=True)
+class Reclaim:
+    """Command: rescind `framework_id`'s outstanding offers on `agent_id` (the broker
+    recovers them without a filter): `for_framework_id`, below its share, needs them."""
+
+    framework_id: str
+    agent_id: str
+    for_framework_id: str
+    reason: str
+
+    def to_proto(self) -> internal_pb2.InternalMessage.ReclaimOffers.Reclaim:
+        return internal_pb2.InternalMessage.ReclaimOffers.Reclaim(
+            framework_id=self.framework_id, agent_id=self.agent_id, reason=self.reason)
+
+
+@dataclass(frozen=True, slots=True)
+class Revocation:
+    """Command: `framework_id` runs above its share; `resources` of its tasks on `agent_id`
+    go back to `for_framework_id` (the master kills its youngest tasks there after
+    `grace_s`, unless it frees them first)."""
+
+    framework_id: str
+    agent_id: str
+    resources: Resources
+    grace_s: float
+    for_framework_id: str
+    reason: str
+
+    def to_message(self) -> internal_pb2.InternalMessage:
+        return internal_pb2.InternalMessage(
+            revoke_resources=internal_pb2.InternalMessage.RevokeResources(
+                framework_id=self.framework_id, agent_id=self.agent_id,
+                resources=self.resources.to_proto(), grace_s=self.grace_s,
+                for_framework_id=self.for_framework_id, reason=self.reason))
+
+
 @dataclass(frozen=True)
 class Cycle:
     """The result of one `allocate`: allocations to send, every framework's standing
@@ -147,6 +185,13 @@ class Cycle:
     decisions: tuple[Decision, ...]
     remade: tuple[Decision, ...] = ()
     visited: int = 0  # agents the cycle looked at
+    reclaims: tuple[Reclaim, ...] = ()
+    revocations: tuple[Revocation, ...] = ()
+
+    def reclaims_message(self) -> internal_pb2.InternalMessage:
+        msg = internal_pb2.InternalMessage()
+        msg.reclaim_offers.reclaims.extend(r.to_proto() for r in self.reclaims)
+        return msg
 
     def allocations_message(self) -> internal_pb2.InternalMessage:
         msg = internal_pb2.InternalMessage()
@@ -167,3 +212,6 @@ class Notes:
     agents_filtered: int = 0
     first_filtered: tuple[str, float] | None = None  # (agent, filter expiry)
     no_fit: int = 0
+    demand_met: bool = False  # it holds all it declared
+    unfit: Shape | None = None  # its next declared task fitted no agent visited
+    units: int = 0  # declared task shapes offered this cycle

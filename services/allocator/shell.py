@@ -17,7 +17,14 @@ from google.protobuf.json_format import MessageToDict
 from opentelemetry import trace
 
 from schemas import internal_pb2
-from services.allocator.core import AllocatorCore, AllocatorError, Cycle, Decision, Outcome
+from services.allocator.core import (
+    DEFAULT_REVOCATION_GRACE_S,
+    AllocatorCore,
+    AllocatorError,
+    Cycle,
+    Decision,
+    Outcome,
+)
 from services.allocator.feed import StreamFeed, norm
 from services.allocator.roles import roles_view
 from services.bus import codec
@@ -52,6 +59,8 @@ class AllocatorConfig(ServiceConfig):
     election_url: str  # zk://hosts/chroot or file:///run_dir
     interval: float = 1.0  # periodic sweep (filters expire, anything missed)
     batch: float = 0.05  # events within this window share one allocation cycle
+    # Revocation's grace (core.DEFAULT_REVOCATION_GRACE_S); None: no revocation.
+    revocation_grace: float | None = DEFAULT_REVOCATION_GRACE_S
 
 
 class AllocatorShell(ServiceKit):
@@ -93,7 +102,8 @@ class AllocatorShell(ServiceKit):
     # -- leadership ----------------------------------------------------------------------
     def _lead(self, epoch: int) -> None:
         """Start afresh: an empty core, rebuilt from the state stream (DESIGN §4)."""
-        self.core = AllocatorCore(id_prefix=f"a{epoch}-")
+        self.core = AllocatorCore(id_prefix=f"a{epoch}-",
+                                  revocation_grace_s=self.config.revocation_grace)
         self.feed = StreamFeed(self.core)
         self.decisions = {}
         self.subscriber = StateSubscriber(
@@ -285,6 +295,7 @@ class AllocatorShell(ServiceKit):
         self._account(cycle, now)
         for msg in self._allocation_messages(cycle, started_ns):
             self._send(msg)  # each as soon as made: the broker starts on the first
+        self._reclaim(cycle)
         self._tell_decisions(cycle)
         self._wake_for_filters(core, now)
 
@@ -329,6 +340,22 @@ class AllocatorShell(ServiceKit):
             count += 1
         yield msg
 
+    def _reclaim(self, cycle: Cycle) -> None:
+        """Fair share: offers to rescind (to the broker) and revocations (through the
+        broker to the master), as the core planned them."""
+        if cycle.reclaims:
+            self._send(cycle.reclaims_message())
+            self.stats.inc("reclaims", len(cycle.reclaims))
+            for r in cycle.reclaims:
+                log.info("reclaiming offers", framework=r.framework_id, agent=r.agent_id,
+                         for_framework=r.for_framework_id)
+        for rv in cycle.revocations:
+            self._send(rv.to_message())
+            self.stats.inc("revocations")
+            log.info("revoking", framework=rv.framework_id, agent=rv.agent_id,
+                     resources=str(rv.resources), grace_s=rv.grace_s,
+                     for_framework=rv.for_framework_id)
+
     def _tell_decisions(self, cycle: Cycle) -> None:
         """Decisions that changed go to the master (through the broker), which publishes
         them on the state stream for `offerbus why`; /decisions serves all of them. Those
@@ -348,7 +375,7 @@ class AllocatorShell(ServiceKit):
 
     def _wake_for_filters(self, core: AllocatorCore, now: float) -> None:
         """Filtered resources are offered again as their filter ends, not a sweep later."""
-        ends = core.next_filter_expiry(now)
+        ends = core.next_deadline(now)
         if self._refilter is not None:
             self._refilter.cancel()
             self._refilter = None

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from services.allocator.core import AllocatorCore, Cycle, Outcome
+from services.allocator.fill import Shape, next_unit, take_unit
 from services.resources import Resources
 from tests.allocator.test_allocator_core import ROLES, agent_totals
 
@@ -83,7 +84,7 @@ def test_a_filter_ending_revisits_its_agent_at_its_expiry() -> None:
     for agent in ("a0", "a1", "a3"):
         core.recover(agent, "f0", core.agents[agent].offered["f0"], YEAR, 1.0)
     assert core.allocate(2.0).visited == 4  # the four recovered agents, all refused
-    assert core.next_filter_expiry(2.0) == 6.0
+    assert core.next_deadline(2.0) == 6.0
     assert core.allocate(5.9).visited == 0
     ended = core.allocate(6.0)
     assert ended.visited == 1 and [x.agent_id for x in ended.allocations] == ["a2"]
@@ -112,15 +113,15 @@ def test_revive_drops_filters_and_offers_idle_agents_again() -> None:
     core.validate()
 
 
-def test_next_filter_expiry_skips_filters_revive_dropped() -> None:
+def test_next_deadline_skips_filters_revive_dropped() -> None:
     core = cluster(2, 2)
     core.refuse("f0", "a0", until=10.0)
     core.refuse("f1", "a1", until=20.0)
-    assert core.next_filter_expiry(0.0) == 10.0
+    assert core.next_deadline(0.0) == 10.0
     core.revive("f0")
-    assert core.next_filter_expiry(0.0) == 20.0
+    assert core.next_deadline(0.0) == 20.0
     core.framework_removed("f1")
-    assert core.next_filter_expiry(0.0) is None
+    assert core.next_deadline(0.0) is None
     assert len(core.filters.heap) == 0  # dead entries dropped on the way
 
 
@@ -153,9 +154,11 @@ def test_decline_rounds_match_a_full_scan(refuse: float) -> None:
     assert _plain(ci) == _plain(cf)
 
 
-def _plain(cycle: Cycle) -> list[tuple[str, str, str, str]]:
+def _plain(cycle: Cycle) -> list[tuple[str, ...]]:
     return [(a.allocation_id, a.agent_id, a.framework_id, str(a.resources))
-            for a in cycle.allocations]
+            for a in cycle.allocations] + [
+        ("reclaim", r.framework_id, r.agent_id, r.for_framework_id) for r in cycle.reclaims] + [
+        ("revoke", r.framework_id, r.agent_id, str(r.resources)) for r in cycle.revocations]
 
 
 # -- the same random events to an incremental and a full-scan core --------------------------
@@ -231,6 +234,16 @@ class IncrementalMachine(RuleBasedStateMachine):
         self.both(how, self.pick(list(self.inc.frameworks), i))
         self.then(then)
 
+    @precondition(lambda self: self.inc.frameworks)
+    @rule(i=st.integers(0, 99), shapes=st.lists(st.tuples(
+        st.sampled_from([0.5, 1.0, 3.0]), st.sampled_from([64.0, 512.0, 4096.0]),
+        st.integers(1, 6), st.sampled_from([0, 0, 1])), max_size=2), then=st.booleans())
+    def declare_demand(self, i: int, shapes: list[tuple[float, float, int, int]],
+                       then: bool) -> None:
+        demand = [Shape.of(Resources.of(cpus=c, mem=m), n, ports) for c, m, n, ports in shapes]
+        self.both("demand", self.pick(list(self.inc.frameworks), i), demand)
+        self.then(then)
+
     @rule(role=st.sampled_from(ROLES), weight=st.sampled_from([0.5, 1.0, 3.0]))
     def set_weight(self, role: str, weight: float) -> None:
         self.both("set_weight", role, weight)
@@ -263,8 +276,12 @@ class IncrementalMachine(RuleBasedStateMachine):
             if d.outcome is Outcome.FILTERED:
                 assert d.framework_id in self.inc.filters and d.agents_filtered > 0
             if d.outcome is Outcome.NO_FIT:
-                assert not any(self.inc._allocatable(a.free.for_role(d.role))
-                               for a in self.inc.agents.values()), d
+                fw = self.inc.frameworks[d.framework_id]
+                unit = next_unit(fw.demands, self.inc.sorter.allocation(fw.framework_id))
+                assert not any(
+                    take_unit(a.free.for_role(d.role), unit, d.role) if unit else
+                    self.inc._allocatable(a.free.for_role(d.role))
+                    for a in self.inc.agents.values()), d
         for d in ci.decisions:  # standing: what a full scan says of offers and eligibility
             full = by_full[d.framework_id].outcome
             if d.outcome in (Outcome.INACTIVE, Outcome.SUPPRESSED) or full in (
@@ -316,7 +333,7 @@ class IncrementalMachine(RuleBasedStateMachine):
     def valid_and_alike(self) -> None:
         self.inc.validate()
         self.full.validate()
-        assert self.inc.next_filter_expiry(self.now) == self.full.next_filter_expiry(self.now)
+        assert self.inc.next_deadline(self.now) == self.full.next_deadline(self.now)
         for agent_id, agent in self.inc.agents.items():
             other = self.full.agents[agent_id]
             assert agent.free.same(other.free) and agent.offered.keys() == other.offered.keys()

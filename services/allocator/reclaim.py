@@ -1,0 +1,157 @@
+"""Taking resources back for a framework below its fair share (pure): which outstanding
+offers of frameworks above it to rescind, and, when offers are not enough, which framework's
+tasks to revoke on which agent. The rules keep the outcome stable (no ping-pong):
+
+- a framework with declared demand whose next task fits nowhere reclaims from a holder whose
+  weighted share is above what its own will be with that task; it revokes tasks only from a
+  holder that stays above it after giving them up (key(H - need) > key(N + task));
+- a framework of unknown demand that just arrived (fresh) reclaims one outstanding offer
+  when the holder stays at or above it after the move (key(H - O) >= key(N + O)).
+
+Only one reclaim per wanting framework is in flight: the next waits for its result or for
+the reclaim's patience to pass."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from services.allocator.fill import covers, free_ports, key_with, minus, next_unit
+from services.allocator.model import Reclaim, Revocation
+from services.allocator.sorter import scalar_vector
+from services.resources import UNRESERVED, Resources
+
+if TYPE_CHECKING:
+    from services.allocator.core import AllocatorCore
+
+# How long a reclaim of offers may take (rescind, recover, re-offer) before it is tried again;
+# a revocation waits its grace on top.
+RECLAIM_PATIENCE_S = 5.0
+
+
+@dataclass
+class Plan:
+    reclaims: list[Reclaim] = field(default_factory=list)
+    revocations: list[Revocation] = field(default_factory=list)
+    said: dict[str, str] = field(default_factory=dict)  # framework -> what is done for it
+
+
+def plan(core: AllocatorCore, wanting: Iterable[str], newcomers: Iterable[str],
+         now: float) -> Plan:
+    """Reclaims and revocations for the wanting frameworks (declared demand unmet) and the
+    newcomers (unknown demand, offered nothing), lowest share first."""
+    out = Plan()
+    claimed: set[tuple[str, str]] = set()  # (holder, agent) offers already reclaimed now
+    sorter = core.sorter
+    for _, fid in sorter.sort(wanting):
+        _for_declared(core, fid, claimed, out, now)
+    for _, fid in sorter.sort(newcomers):
+        _for_newcomer(core, fid, claimed, out)
+    return out
+
+
+def _for_declared(core: AllocatorCore, fid: str, claimed: set[tuple[str, str]], out: Plan,
+                  now: float) -> None:
+    sorter, fws, agents = core.sorter, core.frameworks, core.agents
+    fw = fws[fid]
+    unit = next_unit(fw.demands, sorter.allocation(fid))
+    if unit is None:
+        return
+    total = sorter.total
+    after = key_with(sorter.allocation(fid), unit.vector, 1, total, sorter.dominant(fid)[2])
+    above = {h: sorter.key(h) for h in fws if h != fid and fws[h].agents}
+    above = {h: k for h, k in above.items() if k > after}
+    if not above:
+        return
+    role = fw.role
+    unit_res = unit.resources
+    revoke: tuple[str, list[str], str, dict[str, int]] | None = None
+    seen: set[str] = set()
+    for agent_id in sorted({a for h in above for a in fws[h].agents},
+                           key=lambda a: agents[a].seq):
+        agent = agents[agent_id]
+        flts = core.filters.on(agent_id).get(fid)
+        if flts and any(f.refuses(unit_res, now) for f in flts):
+            continue
+        seen.add(agent_id)
+        free = agent.free.for_role(role)
+        have, ports = scalar_vector(free), free_ports(free, role)
+        picked: list[str] = []
+        for h in sorted((h for h in above if h in agent.offered and (h, agent_id) not in claimed),
+                        key=lambda h: -above[h]):
+            if covers(have, unit.vector) and ports >= unit.ports:
+                break
+            offered = agent.offered[h].for_role(role)
+            if not offered:
+                continue
+            picked.append(h)
+            for n, v in scalar_vector(offered).items():
+                have[n] = have.get(n, 0) + v
+            ports += free_ports(offered, role)
+        if covers(have, unit.vector) and ports >= unit.ports:
+            _reclaim(out, claimed, picked, agent_id, fid, f"for {fid}, below its share, "
+                     f"which needs {unit.resources}")
+            out.said[fid] = f"reclaiming offers of {', '.join(picked)} on {agent_id}"
+            core.reclaim_started(fid, now + RECLAIM_PATIENCE_S)
+            return
+        if revoke is None and core.revocation_grace_s is not None and ports >= unit.ports:
+            need = minus(dict(unit.vector), have)
+            for h in sorted(above, key=lambda h: -above[h]):
+                used = agent.used.get(h)
+                if (used is None or core.revoking(h, agent_id, now)
+                        or not covers(scalar_vector(used.for_role(role)), need)):
+                    continue
+                held = sorter.allocation(h)
+                if key_with(held, need, -1, total, sorter.dominant(h)[2]) > after:
+                    revoke = (agent_id, picked, h, need)
+                    break
+    if revoke is not None:
+        agent_id, picked, h, need = revoke
+        grace = core.revocation_grace_s or 0.0
+        _reclaim(out, claimed, picked, agent_id, fid, f"for {fid}, below its share")
+        resources = Resources({(n, UNRESERVED): v for n, v in need.items()})
+        why = (f"{fid} is below its fair share and needs {unit.resources} on {agent_id}; "
+               f"{h} is above its share")
+        out.revocations.append(Revocation(h, agent_id, resources, grace, fid, why))
+        out.said[fid] = (f"revoking {resources} of {h}'s tasks on {agent_id} "
+                         f"(grace {grace:g} s)")
+        core.revocation_started(fid, h, agent_id, now + grace + RECLAIM_PATIENCE_S)
+
+
+def _for_newcomer(core: AllocatorCore, fid: str, claimed: set[tuple[str, str]],
+                  out: Plan) -> None:
+    sorter, fws, agents = core.sorter, core.frameworks, core.agents
+    fw = fws[fid]
+    total, mine, weight = sorter.total, sorter.allocation(fid), sorter.dominant(fid)[2]
+    own = sorter.key(fid)
+    for h in sorted((h for h in fws if h != fid and fws[h].agents), key=sorter.key,
+                    reverse=True):
+        if sorter.key(h) <= own:
+            return
+        held, hw = sorter.allocation(h), sorter.dominant(h)[2]
+        for agent_id in sorted(fws[h].agents, key=lambda a: agents[a].seq):
+            offered = agents[agent_id].offered.get(h)
+            if offered is None or (h, agent_id) in claimed:
+                continue
+            part = offered.for_role(fw.role)
+            vec = scalar_vector(part)
+            if not core.allocatable(part):
+                continue
+            flts = core.filters.on(agent_id).get(fid)
+            if flts and any(f.refuses(part, -math.inf) for f in flts):
+                continue
+            if key_with(held, vec, -1, total, hw) >= key_with(mine, vec, 1, total, weight):
+                _reclaim(out, claimed, [h], agent_id, fid, f"for {fid}, a new framework "
+                         f"below its share")
+                out.said[fid] = f"reclaiming offers of {h} on {agent_id}"
+                return
+
+
+def _reclaim(out: Plan, claimed: set[tuple[str, str]], holders: list[str], agent_id: str,
+             fid: str, reason: str) -> None:
+    for h in holders:
+        claimed.add((h, agent_id))
+        out.reclaims.append(Reclaim(h, agent_id, fid, reason))
+

@@ -1,0 +1,258 @@
+"""DRF with declared demand in the allocator core: the DRF paper's example (Ghodsi et al.,
+NSDI 2011: one agent of 9 CPUs and 18 GB; A runs <1 CPU, 4 GB> tasks, B <3 CPUs, 1 GB>;
+DRF gives A 3 tasks and B 2) whichever framework starts first, weighted DRF, reclaiming a
+sitting framework's offers for a newcomer, and revocation. The frameworks are simulated
+greedy schedulers: they launch as many tasks of their shape as their offers hold, up to
+what they want; the "master" kills the youngest tasks a revocation names."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from services.allocator.core import AllocatorCore, Cycle
+from services.allocator.fill import Shape
+from services.resources import Resources
+
+GB = 1024.0
+PAPER_AGENT = Resources.of(cpus=9, mem=18 * GB)
+A_TASK = Resources.of(cpus=1, mem=4 * GB)
+B_TASK = Resources.of(cpus=3, mem=1 * GB)
+
+
+@dataclass
+class Greedy:
+    fid: str
+    task: Resources
+    want: int
+    tasks: list[tuple[str, int]] = field(default_factory=list)  # (agent, seq), oldest first
+
+
+class Cluster:
+    """The core plus greedy frameworks, a broker and a master reduced to what they do."""
+
+    def __init__(self, agents: dict[str, Resources], grace: float | None = 5.0) -> None:
+        self.core = AllocatorCore(revocation_grace_s=grace)
+        for aid, total in agents.items():
+            self.core.agent_added(aid, aid, total)
+        self.fws: dict[str, Greedy] = {}
+        self.now = 0.0
+        self.seq = 0
+        self.reclaims = 0
+        self.revoked = 0
+
+    def add(self, fid: str, task: Resources, want: int, weight: float = 1.0,
+            declare: bool = True) -> None:
+        self.core.set_weight(fid, weight)
+        self.core.framework_added(fid, role=fid)
+        if declare:
+            self.core.demand(fid, [Shape.of(task, want)])
+        self.fws[fid] = Greedy(fid, task, want)
+
+    def count(self, fid: str) -> int:
+        return len(self.fws[fid].tasks)
+
+    def settle(self, rounds: int = 40) -> None:
+        for _ in range(rounds):
+            cycle = self.core.allocate(self.now)
+            self.core.validate()
+            self._answer(cycle)
+            self.core.validate()
+            if not (cycle.allocations or cycle.reclaims or cycle.revocations):
+                deadline = self.core.next_deadline(self.now)
+                if deadline is None:
+                    return
+                self.now = deadline
+            self.now += 0.1
+        raise AssertionError("did not settle")
+
+    def _answer(self, cycle: Cycle) -> None:
+        for r in cycle.reclaims:  # the broker rescinds: no filter
+            self.reclaims += 1
+            held = self.core.agents[r.agent_id].offered.get(r.framework_id)
+            if held is not None:
+                self.core.recover(r.agent_id, r.framework_id, held, 0, self.now)
+        for a in cycle.allocations:
+            fw = self.fws[a.framework_id]
+            left = a.resources
+            while len(fw.tasks) < fw.want and left.contains(fw.task):
+                left -= fw.task
+                self.seq += 1
+                fw.tasks.append((a.agent_id, self.seq))
+                self.core.resources_used(a.agent_id, fw.fid, fw.task)
+            if left:  # greedy schedulers decline the rest, with a short filter
+                self.core.recover(a.agent_id, fw.fid, left, 1.0, self.now)
+        for rv in cycle.revocations:  # the master kills the youngest tasks covering it
+            fw = self.fws[rv.framework_id]
+            freed = Resources()
+            for t in sorted((t for t in fw.tasks if t[0] == rv.agent_id),
+                            key=lambda t: -t[1]):
+                if freed.quantities().contains(rv.resources):
+                    break
+                fw.tasks.remove(t)
+                freed += fw.task
+                self.revoked += 1
+                self.core.resources_released(rv.agent_id, fw.fid, fw.task)
+
+
+def paper(grace: float | None = 5.0) -> Cluster:
+    return Cluster({"agent-1": PAPER_AGENT}, grace)
+
+
+def test_both_at_once_drf_gives_a_three_and_b_two() -> None:
+    c = paper()
+    c.add("a", A_TASK, 10)
+    c.add("b", B_TASK, 10)
+    c.settle()
+    assert (c.count("a"), c.count("b")) == (3, 2)
+    assert c.revoked == 0
+
+
+@pytest.mark.parametrize("first,second", [("a", "b"), ("b", "a")])
+def test_whichever_starts_first_drf_ends_with_a_three_and_b_two(first: str,
+                                                                  second: str) -> None:
+    c = paper()
+    shapes = {"a": A_TASK, "b": B_TASK}
+    c.add(first, shapes[first], 10)
+    c.settle()
+    alone = c.count(first)
+    assert alone == (4 if first == "a" else 3)  # alone, it takes what fits
+    c.add(second, shapes[second], 10)
+    c.settle()
+    assert (c.count("a"), c.count("b")) == (3, 2)
+    assert c.revoked == 1  # one task of the first, beyond its share, was revoked
+
+
+def test_without_revocation_the_late_framework_gets_only_what_is_free() -> None:
+    c = paper(grace=None)
+    c.add("b", B_TASK, 10)
+    c.settle()
+    c.add("a", A_TASK, 10)
+    c.settle()
+    assert (c.count("a"), c.count("b")) == (0, 3)
+    decision = c.core.decisions["a"]
+    assert decision.outcome.name == "NO_FIT"
+
+
+def _progressive_filling(total: Resources, fws: dict[str, tuple[Resources, float]]
+                         ) -> dict[str, int]:
+    """An independent reference: repeatedly give one task to the framework with the lowest
+    weighted dominant share whose task still fits (ties: by name)."""
+    counts = {f: 0 for f in fws}
+    free = total
+    names = ("cpus", "mem")
+
+    def key(f: str) -> float:
+        task, w = fws[f]
+        return max(counts[f] * task.scalar(n) / total.scalar(n) for n in names) / w
+
+    while True:
+        fits = [f for f in fws if free.contains(fws[f][0])]
+        if not fits:
+            return counts
+        f = min(fits, key=lambda f: (key(f), f))
+        counts[f] += 1
+        free -= fws[f][0]
+
+
+@pytest.mark.parametrize("first", ["a", "b", None])
+def test_weighted_drf_two_to_one(first: str | None) -> None:
+    agent = Resources.of(cpus=18, mem=36 * GB)
+    weights = {"a": 2.0, "b": 1.0}
+    shapes = {"a": A_TASK, "b": B_TASK}
+    expect = _progressive_filling(agent, {f: (shapes[f], weights[f]) for f in shapes})
+    unweighted = _progressive_filling(agent, {f: (shapes[f], 1.0) for f in shapes})
+    assert expect != unweighted  # the weights matter in this example
+    c = Cluster({"agent-1": agent})
+    order = ["a", "b"] if first in (None, "a") else ["b", "a"]
+    for f in order:
+        c.add(f, shapes[f], 100, weights[f])
+        if first is not None:
+            c.settle()
+    c.settle()
+    assert {f: c.count(f) for f in shapes} == expect
+
+
+def test_a_sitting_framework_loses_offers_to_a_newcomer_at_once() -> None:
+    """Omega's complaint: a framework holding offers for every agent and answering none
+    delays nobody. The newcomer's first cycle reclaims what it needs."""
+    agents = {f"agent-{i}": Resources.of(cpus=4, mem=8 * GB) for i in range(3)}
+    core = AllocatorCore()
+    for aid, total in agents.items():
+        core.agent_added(aid, aid, total)
+    core.framework_added("sitter", "*")
+    cycle = core.allocate(0.0)
+    assert len(cycle.allocations) == 3  # whole agents, as Mesos: it sits on them
+    core.framework_added("service", "*")
+    core.demand("service", [Shape.of(Resources.of(cpus=0.5, mem=256), 1)])
+    cycle = core.allocate(1.0)
+    core.validate()
+    assert [(r.framework_id, r.agent_id) for r in cycle.reclaims] == [("sitter", "agent-0")]
+    assert "reclaiming offers of sitter" in core.decisions["service"].reason
+    # the broker rescinds it; the next cycle offers the newcomer its task at once
+    core.recover("agent-0", "sitter", core.agents["agent-0"].offered["sitter"], 0, 1.1)
+    cycle = core.allocate(1.2)
+    core.validate()
+    mine = [a for a in cycle.allocations if a.framework_id == "service"]
+    assert len(mine) == 1 and mine[0].resources.same(Resources.of(cpus=0.5, mem=256))
+    rest = [a for a in cycle.allocations if a.framework_id == "sitter"]
+    assert rest and rest[0].agent_id == "agent-0"  # the rest goes back to the sitter
+
+
+def test_a_newcomer_of_unknown_demand_also_gets_a_sitters_offer() -> None:
+    core = AllocatorCore()
+    for i in range(2):
+        core.agent_added(f"agent-{i}", "h", Resources.of(cpus=4, mem=8 * GB))
+    core.framework_added("sitter", "*")
+    core.allocate(0.0)
+    core.framework_added("new", "*")
+    cycle = core.allocate(1.0)
+    assert [(r.framework_id, r.agent_id) for r in cycle.reclaims] == [("sitter", "agent-0")]
+    core.recover("agent-0", "sitter", core.agents["agent-0"].offered["sitter"], 0, 1.1)
+    cycle = core.allocate(1.2)
+    core.validate()
+    assert [(a.framework_id, a.agent_id) for a in cycle.allocations] == [("new", "agent-0")]
+    # stable: with one agent each, nobody reclaims from the other
+    core.framework_activated("sitter")
+    assert not core.allocate(2.0).reclaims
+
+
+def test_demand_met_and_unknown_demand_shares_the_rest() -> None:
+    """A framework of declared demand is offered no more than it declared; one of unknown
+    demand takes what it may before passing the declared one's share, then the rest."""
+    core = AllocatorCore()
+    core.agent_added("agent-1", "h", Resources.of(cpus=8, mem=8 * GB))
+    core.framework_added("d", "*")
+    core.demand("d", [Shape.of(Resources.of(cpus=1, mem=1 * GB), 2)])
+    core.framework_added("u", "*")
+    cycle = core.allocate(0.0)
+    core.validate()
+    offered = {a.framework_id: a.resources for a in cycle.allocations}
+    assert offered["d"].same(Resources.of(cpus=2, mem=2 * GB))
+    assert offered["u"].same(Resources.of(cpus=6, mem=6 * GB))
+    assert core.decisions["d"].outcome.name == "OFFERED"
+    assert "2 task(s) of its declared demand" in core.decisions["d"].reason
+    core.demand("d", [Shape.of(Resources.of(cpus=1, mem=1 * GB), 1)])
+    core.allocate(1.0)
+    assert core.decisions["d"].outcome.name == "DEMAND_MET"
+
+
+def test_ports_are_taken_per_task() -> None:
+    core = AllocatorCore()
+    core.agent_added("agent-1", "h", Resources.of(cpus=4, mem=4 * GB,
+                                                  ports=[(31000, 31001), (31005, 31005)]))
+    core.framework_added("d", "*")
+    core.demand("d", [Shape.of(Resources.of(cpus=1, mem=256), 5, ports=1)])
+    cycle = core.allocate(0.0)
+    core.validate()
+    (a,) = cycle.allocations
+    assert a.resources.same(Resources.of(cpus=3, mem=768,
+                                         ports=[(31000, 31001), (31005, 31005)]))
+
+
+def test_shape_validation() -> None:
+    with pytest.raises(ValueError):
+        Shape.of(Resources(), 1)
+    with pytest.raises(ValueError):
+        Shape.of(A_TASK, 0)
