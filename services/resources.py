@@ -7,6 +7,7 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 from schemas import common_pb2
 
@@ -47,6 +48,13 @@ def _subtract_ranges(a: tuple[Range, ...], b: tuple[Range, ...]) -> tuple[Range,
                 nxt.append((bhi + 1, hi))
         out = nxt
     return tuple(out)
+
+
+def _shared(held: str, label: str, name: str, value: str) -> str:
+    """"'a' and 'b' both use port 31000", or "'a' uses port 31000 twice" (two roles)."""
+    what = f"{name.removesuffix('s')} {value}"
+    return f"{held!r} uses {what} twice" if held == label else \
+        f"{held!r} and {label!r} both use {what}"
 
 
 def _ranges_contain(a: tuple[Range, ...], b: tuple[Range, ...]) -> bool:
@@ -107,6 +115,31 @@ class Resources:
         out = cls()
         for bag in bags:
             out += bag
+        return out
+
+    @classmethod
+    def total_disjoint(cls, named: Iterable[tuple[str, Resources]]) -> Resources:
+        """The sum of several bags, each with its holder's name, when no two share a port
+        (range value) or set item, whatever their roles: one port cannot go to two tasks,
+        though `total` would merge it into one range. Otherwise ValueError naming both
+        holders, e.g. "'a' and 'b' both use port 31000". Scalars sum as in `total`."""
+        out = cls()
+        spans: dict[str, list[tuple[int, int, int, str]]] = {}  # name -> (lo, order, hi, who)
+        holders: dict[tuple[str, str], str] = {}
+        for order, (label, bag) in enumerate(named):
+            for (name, _), rs in bag.ranges.items():
+                spans.setdefault(name, []).extend((lo, order, hi, label) for lo, hi in rs)
+            for (name, _), items in bag.sets.items():
+                for item in sorted(items):
+                    if (name, item) in holders:
+                        raise ValueError(_shared(holders[name, item], label, name, repr(item)))
+                    holders[name, item] = label
+            out += bag
+        for name, ss in spans.items():
+            ss.sort()  # by first value: if any two overlap, two neighbours do
+            for (_, _, reach, held), (lo, _, _, label) in pairwise(ss):
+                if lo <= reach:
+                    raise ValueError(_shared(held, label, name, str(lo)))
         return out
 
     @classmethod

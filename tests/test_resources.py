@@ -97,3 +97,30 @@ def test_total_same_and_with_role() -> None:
     moved = b.with_role("*")
     assert moved.for_role("db").scalar("cpus") == 0.5  # now unreserved: anyone may use it
     assert moved.with_role("web") == b
+
+
+@given(st.lists(bags, max_size=4))
+def test_total_disjoint_is_the_total_exactly_when_no_port_is_shared(bs: list[Resources]) -> None:
+    ports = [{p for rs in b.ranges.values() for lo, hi in rs for p in range(lo, hi + 1)}
+             for b in bs]
+    shared = any(ports[i] & ports[j] for i in range(len(bs)) for j in range(i))
+    named = [(f"t{i}", b) for i, b in enumerate(bs)]
+    if shared:
+        with pytest.raises(ValueError, match="both use port"):
+            Resources.total_disjoint(named)
+    else:
+        assert Resources.total_disjoint(named) == Resources.total(bs)
+
+
+def test_total_disjoint_names_the_two_holders_whatever_their_roles() -> None:
+    a = Resources.of(cpus=1, ports=[(31000, 31004)])
+    b = Resources.of(role="web", cpus=0.5, ports=[(31005, 31009)])
+    assert Resources.total_disjoint([("a", a), ("b", b)]) == a + b  # scalars still sum
+    c = Resources.of(role="db", ports=[(31004, 31020)])
+    with pytest.raises(ValueError, match=r"^'a' and 'c' both use port 31004$"):
+        Resources.total_disjoint([("a", a), ("b", b), ("c", c)])
+    with pytest.raises(ValueError, match=r"^'x' and 'y' both use disk 'sda'$"):
+        Resources.total_disjoint([("x", Resources.parse("disks:{sda,sdb}")),
+                                  ("y", Resources.parse("disks(web):{sdc,sda}"))])
+    with pytest.raises(ValueError, match=r"^'x' uses port 5 twice$"):
+        Resources.total_disjoint([("x", Resources.parse("ports:[5-5];ports(web):[4-6]"))])

@@ -1,7 +1,8 @@
 """ACCEPT validation for the offer-broker: the checks an ACCEPT's operations must pass
-against the pooled offers (tasks well formed and inside the offers, reservations only of
-what is offered, for the offers' role), the decline filter's default and cap, and the
-resource comparisons the offer table needs (positive, overlapping ports or set items).
+against the pooled offers (tasks well formed, inside the offers, no port or set item in two
+tasks, reservations only of what is offered, for the offers' role), the decline filter's
+default and cap, and the resource comparisons the offer table needs (positive, overlapping
+ports or set items).
 Pure functions; a failed check raises `Invalid`, which names the check."""
 
 from __future__ import annotations
@@ -78,17 +79,29 @@ def check_task(task: common_pb2.TaskInfo, agent_id: str, seen: set[str]) -> Reso
     return res
 
 
+def disjoint(named: Sequence[tuple[str, Resources]]) -> Resources:
+    """The tasks' sum, or Invalid if two of them share a port or set item."""
+    try:
+        return Resources.total_disjoint(named)
+    except ValueError as exc:
+        raise Invalid(RejectReason.REJECT_REASON_TASK_INVALID, f"tasks {exc}") from exc
+
+
 def check_operations(pool: Resources, operations: Sequence[common_pb2.Operation],
                      agent_id: str, role: str) -> tuple[Resources, Resources]:
     """Apply an ACCEPT's operations in order to the pooled offers. Returns (resources the
     tasks use, the unused remainder), or raises Invalid naming the failed check."""
     seen: set[str] = set()
     used = Resources()
+    named: list[tuple[str, Resources]] = []  # every task of the ACCEPT so far
     for i, op in enumerate(operations):
         kind = op.WhichOneof("operation")
         if kind == "launch":
-            tasks = Resources.total(check_task(t, agent_id, seen) for t in op.launch.tasks)
+            batch = [(t.task_id, check_task(t, agent_id, seen)) for t in op.launch.tasks]
+            named += batch
+            tasks = disjoint(batch)
             if not pool.contains(tasks):
+                disjoint(named)  # a port an earlier launch took: name both tasks
                 raise Invalid(RejectReason.REJECT_REASON_RESOURCES_EXCEEDED,
                                f"operation {i} (launch): tasks need {tasks}, offers hold {pool}")
             pool, used = pool - tasks, used + tasks

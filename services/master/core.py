@@ -349,13 +349,19 @@ class MasterCore(AgentHandlers, FrameworkHandlers):
             return _Refused(RejectReason.REJECT_REASON_TASK_INVALID, why,
                             Reason.REASON_TASK_INVALID)
 
+        def disjoint(named: list[tuple[str, Resources]]) -> Resources:
+            try:
+                return Resources.total_disjoint(named)
+            except ValueError as exc:
+                raise invalid(f"tasks {exc}") from exc
+
         total, free = agent.total, agent.free()
         seen: set[str] = set()
-        used: list[Resources] = []
+        named: list[tuple[str, Resources]] = []  # every task of the ACCEPT so far
         for i, op in enumerate(req.operations):
             kind = op.WhichOneof("operation")
             if kind == "launch":
-                batch = []
+                batch: list[tuple[str, Resources]] = []
                 for t in op.launch.tasks:
                     tid = t.task_id
                     if not tid or "/" in tid or tid in seen:
@@ -372,14 +378,15 @@ class MasterCore(AgentHandlers, FrameworkHandlers):
                         raise invalid(f"task {tid!r} has invalid resources: {exc}") from exc
                     if not res:
                         raise invalid(f"task {tid!r} has no resources")
-                    batch.append(res)
-                need = Resources.total(batch)
+                    batch.append((tid, res))
+                named += batch
+                need = disjoint(batch)
                 if not free.contains(need):
+                    disjoint(named)  # a port an earlier launch took: name both tasks
                     raise _Refused(RejectReason.REJECT_REASON_AGENT_INSUFFICIENT,
                                    f"operation {i}: tasks need {need}, agent {agent.agent_id} "
                                    f"has {free} free", Reason.REASON_RESOURCES_UNKNOWN)
                 free = free - need
-                used += batch
             elif kind in ("reserve", "unreserve"):
                 items = op.reserve.resources if kind == "reserve" else op.unreserve.resources
                 try:
@@ -401,7 +408,7 @@ class MasterCore(AgentHandlers, FrameworkHandlers):
                 free, total = free - take + give, total - take + give
             else:
                 raise invalid(f"operation {i} has no kind")
-        return agent, total, used
+        return agent, total, [res for _, res in named]
 
     # -- operator ----------------------------------------------------------------------
     def _operator_call(self, peer: bytes, call: operator_pb2.OperatorCall, message_id: str,

@@ -241,6 +241,43 @@ def test_port_mapping_outside_the_tasks_ports_is_rejected() -> None:
     assert rej.reason == RJ.REJECT_REASON_TASK_INVALID and "31005" in rej.message
 
 
+@pytest.mark.parametrize(("ops", "port"), [
+    ([launch(task("a", cpus=1, ports=[(31000, 31000)]),
+             task("b", cpus=1, ports=[(31000, 31000)]))], 31000),
+    ([launch(task("a", cpus=1, ports=[(31000, 31005)]),
+             task("b", cpus=1, ports=[(31005, 31009)]))], 31005),
+    ([launch(task("a", cpus=1, ports=[(31000, 31000)])),
+      launch(task("b", cpus=1, ports=[(31000, 31000)]))], 31000),
+    ([launch(task("a", cpus=1, ports=[(31002, 31002)]),
+             task("b", role="web", cpus=1, ports=[(31002, 31002)]))], 31002),
+])
+def test_two_tasks_of_one_accept_never_share_a_host_port(ops: list[common_pb2.Operation],
+                                                         port: int) -> None:
+    """Ports are resources like any other: two tasks asking for port 31000 summed to one
+    range [31000-31000], which the offer held, and both were launched on the same port."""
+    core = broker(prefix="e7")
+    (oid,) = offer_ids(core.allocations([alloc("x", ports=[(31000, 31009)], cpus=4)], T0))
+    cmds = core.accept("f1", [oid], ops, filters(60), T0)
+    assert not only(cmds, LaunchRequest)
+    rej = rejected(cmds)
+    assert rej.reason == RJ.REJECT_REASON_TASK_INVALID, rej
+    assert rej.message == f"tasks 'a' and 'b' both use port {port}"
+    (rec,) = recoveries(cmds)
+    assert rec.resources == Resources.of(ports=[(31000, 31009)], cpus=4)
+    core.validate()
+
+
+def test_tasks_on_distinct_ports_of_one_offer_launch() -> None:
+    core = broker(prefix="e7")
+    (oid,) = offer_ids(core.allocations([alloc("x", ports=[(31000, 31009)], cpus=4)], T0))
+    ops = [launch(task("a", cpus=1, ports=[(31000, 31004)])),
+           launch(task("b", cpus=1, ports=[(31005, 31009)]))]
+    cmds = core.accept("f1", [oid], ops, filters(60), T0)
+    assert only(cmds, LaunchRequest) and not only(cmds, AcceptRejected)
+    (rec,) = recoveries(cmds)
+    assert rec.resources == Resources.of(cpus=2)  # every port went, each to one task
+
+
 def test_reserve_then_launch_on_the_reservation() -> None:
     core = broker(prefix="e7")
     (oid,) = offer_ids(core.allocations([alloc("x", role="web", cpus=4, mem=512)], T0))

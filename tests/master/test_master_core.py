@@ -5,6 +5,8 @@ test_master_relay.py."""
 
 from __future__ import annotations
 
+import pytest
+
 from schemas import agent_pb2, bus_pb2, common_pb2, operator_pb2
 from services.master.commands import (
     PersistRegistry,
@@ -24,6 +26,7 @@ from tests.master.helpers import (
     broker_msgs,
     cluster,
     launch,
+    launch_msg,
     one,
     only,
     operator,
@@ -36,6 +39,7 @@ from tests.master.helpers import (
     silence,
     statuses,
     subscribed,
+    task_info,
     update,
 )
 
@@ -173,6 +177,35 @@ def test_one_framework_may_use_the_same_host_port_on_two_agents() -> None:
     update(core, b"a1", a1, fid, "t1", TS.TASK_FINISHED, uuid=b"1")
     update(core, b"a2", a2, fid, "t2", TS.TASK_FINISHED, uuid=b"2")
     assert core.frameworks[fid].used == Resources()
+    core.validate()
+
+
+@pytest.mark.parametrize(("a", "b", "two_ops", "clash"), [
+    ("ports:[31000-31000]", "ports:[31000-31000]", False, "port 31000"),
+    ("ports:[31000-31005]", "ports:[31005-31010]", False, "port 31005"),
+    ("ports:[31000-31000]", "ports:[31000-31000]", True, "port 31000"),
+    ("disks:{sda}", "disks:{sda,sdb}", False, "disk 'sda'"),
+])
+def test_two_tasks_of_one_launch_never_share_a_port_or_set_item(a: str, b: str, two_ops: bool,
+                                                                clash: str) -> None:
+    """Ports are resources like any other: two tasks asking for port 31000 summed to one
+    range [31000-31000], which the agent had free, and both were launched on it."""
+    core = MasterCore("m1", 1, now=T0)
+    aid = register(core, b"a1", res="cpus:4;mem:4096;ports:[31000-31999];disks:{sda,sdb}")
+    fid = subscribed(core, b"f1")
+    ta, tb = task_info("a", f"cpus:1;{a}"), task_info("b", f"cpus:1;{b}")
+    msg = launch_msg(fid, aid, ta, tb)
+    if two_ops:
+        ops = msg.launch_request.operations
+        ops.add().launch.tasks.append(ops[0].launch.tasks.pop())
+    cmds = core.internal_message(b"broker", msg, T0)
+    assert not agent_events(cmds, "run_tasks")
+    result = broker_msgs(cmds, "launch_result")[0]
+    assert not result.accepted and result.reason == RJ.REJECT_REASON_TASK_INVALID
+    assert result.message == f"tasks 'a' and 'b' both use {clash}"
+    assert [(s.task_id, s.state) for s in statuses(cmds, fid)] == [
+        ("a", TS.TASK_ERROR), ("b", TS.TASK_ERROR)]
+    assert not core.tasks
     core.validate()
 
 
