@@ -18,6 +18,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from frameworks.sdk.demand import demand
 from frameworks.sdk.driver import SchedulerDriver
 from frameworks.sdk.scheduler import MasterInfo, Scheduler
 from schemas import common_pb2
@@ -131,13 +132,16 @@ class Instance:
     not_before: float = 0.0  # no new attempt before this time (monotonic clock)
     running_since: float | None = None  # the current attempt's first RUNNING
 
-    def ended(self, failed: bool, now: float) -> None:
-        """The current attempt ended: when may the next one start?"""
+    def ended(self, failed: bool, now: float, revoked: bool = False) -> None:
+        """The current attempt ended: when may the next one start? A revoked one (killed
+        for a framework below its fair share) leaves the failures in a row as they were:
+        the next attempt starts when resources come."""
         stable = self.running_since is not None and now - self.running_since >= RESTART_STABLE_S
-        self.failures = 0 if not failed else 1 if stable else self.failures + 1
+        if not revoked:
+            self.failures = 0 if not failed else 1 if stable else self.failures + 1
         self.not_before = now + (min(RESTART_BACKOFF_MAX_S,
                                      RESTART_BACKOFF_S * 2 ** (self.failures - 1))
-                                 if self.failures else 0.0)
+                                 if self.failures and not revoked else 0.0)
         self.running_since = None
 
     @property
@@ -313,6 +317,8 @@ class ServiceScheduler(Scheduler):
         self.suppressed = False
         self.restarts = 0
         self.health_kills = 0
+        self.revoked_tasks = 0  # killed by the master for fair sharing (REASON_TASK_REVOKED)
+        self.declared: common_pb2.Demand | None = None  # the demand last requested
         self.removed = ""  # the master's final Error (e.g. removed by the operator)
         self.framework_id = ""  # kept in the status file: a restarted process fails over
         self.finished = threading.Event()
@@ -412,8 +418,10 @@ class ServiceScheduler(Scheduler):
                 logger.info("instance ended", task=status.task_id, state=state,
                             reason=common_pb2.TaskStatus.Reason.Name(status.reason),
                             message=status.message)
+                revoked = status.reason == common_pb2.TaskStatus.REASON_TASK_REVOKED
                 inst.ended(failed=status.state != common_pb2.TASK_FINISHED
-                           and not inst.kill_sent, now=now)
+                           and not inst.kill_sent, now=now, revoked=revoked)
+                self.revoked_tasks += int(revoked)
                 if status.reason == common_pb2.TaskStatus.REASON_HEALTH_CHECK_FAILED:
                     self.health_kills += 1
                 if index < self.spec.instances:
@@ -424,6 +432,14 @@ class ServiceScheduler(Scheduler):
 
     def rescinded(self, driver: SchedulerDriver, offer_ids: list[str], reason: int) -> None:
         pass
+
+    def revoked(self, driver: SchedulerDriver, agent_id: str, task_ids: list[str],
+                grace_s: float, message: str) -> None:
+        """Another framework below its fair share needs these instances' resources: the
+        master kills them after the grace period (TASK_KILLED, REASON_TASK_REVOKED) and
+        they are relaunched, without a restart delay, when resources come."""
+        logger.info("instances revoked", agent=agent_id, tasks=",".join(task_ids),
+                    grace_s=grace_s, message=message)
 
     def error(self, driver: SchedulerDriver, message: str) -> None:
         """The master's final word (this framework was removed by the operator, or refused):
@@ -457,7 +473,16 @@ class ServiceScheduler(Scheduler):
         driver.kill(inst.task_id, inst.agent_id)
         inst.state, inst.kill_sent = "TASK_KILLING", True
 
+    def demand(self) -> common_pb2.Demand:
+        """What this service wants: all its instances (running ones included), each of
+        the spec's shape and host ports."""
+        return demand(self.spec.resources(), self.spec.instances, ports=len(self.spec.ports))
+
     def _want_offers(self, driver: SchedulerDriver) -> None:
+        want = self.demand()
+        if want != self.declared:  # (the driver restates it after a re-subscription)
+            driver.request([want])
+            self.declared = want
         missing = sum(1 for i in range(self.spec.instances)
                       if i not in self.instances or not self.instances[i].live)
         if missing and self.suppressed:
@@ -476,6 +501,7 @@ class ServiceScheduler(Scheduler):
                    "states": Counter(i.state for i in self.instances.values()),
                    "pending_reason": self.pending_reason, "restarts": self.restarts,
                    "health_kills": self.health_kills, "removed": self.removed,
+                   "revoked": self.revoked_tasks,
                    "tasks": {i.index: {"task_id": i.task_id, "state": i.state,
                                        "host": i.hostname, "agent_id": i.agent_id,
                                        "healthy": i.healthy}

@@ -2,7 +2,8 @@
 with a SchedulerDriver; the driver's logic lives in a pure core (core.py)."""
 
 from frameworks.sdk.core import SchedulerCore, State
+from frameworks.sdk.demand import demand
 from frameworks.sdk.driver import SchedulerDriver
 from frameworks.sdk.scheduler import MasterInfo, Scheduler
 
-__all__ = ["MasterInfo", "Scheduler", "SchedulerCore", "SchedulerDriver", "State"]
+__all__ = ["MasterInfo", "Scheduler", "SchedulerCore", "SchedulerDriver", "State", "demand"]

@@ -19,6 +19,7 @@ from frameworks.sdk.scheduler import (
     Offers,
     Refused,
     Rescinded,
+    Revoked,
     Subscribed,
     Update,
 )
@@ -87,7 +88,8 @@ class SchedulerCore:
     (TASK_LOST unless partition-aware) update per task; decline of a non-outstanding offer
     is dropped; kill, acknowledge, reconcile and revive are queued and sent once
     subscribed; suppress/revive also set the roles sent as `suppressed_roles` in every
-    Subscribe. An accept is sent at most once, never retried.
+    Subscribe; the demand last requested is sent again after every Subscribed (a new
+    master, a failover). An accept is sent at most once, never retried.
     """
 
     def __init__(
@@ -116,6 +118,7 @@ class SchedulerCore:
         self._reconcile_all = False
         self._reconcile: dict[str, Call.Reconcile.Task] = {}
         self._revive: set[str] | None = None
+        self.demands: tuple[common_pb2.Demand, ...] | None = None  # None: never requested
 
     # -- transport ---------------------------------------------------------------------
     def master_detected(self, master_id: str | None, epoch: int, now: float) -> list[Output]:
@@ -189,6 +192,9 @@ class SchedulerCore:
         if kind == "accept_rejected":
             r = event.accept_rejected
             return [AcceptRejected(tuple(r.offer_ids), tuple(r.task_ids), r.reason, r.message)]
+        if kind == "revoke":
+            v = event.revoke
+            return [Revoked(v.agent_id, tuple(v.task_ids), v.grace_s, v.message)]
         return [Note("unknown_event", kind or "empty")]
 
     def _on_subscribed(self, s: scheduler_pb2.SchedulerEvent.Subscribed) -> list[Output]:
@@ -424,6 +430,22 @@ class SchedulerCore:
 
         return self._queue(enqueue, "revive")
 
+    def request(self, demands: Iterable[common_pb2.Demand]) -> list[Output]:
+        """Declare the framework's demand (replacing the last; none = unknown). Kept, and
+        sent again after every Subscribed: a new master or a failover starts from it."""
+        if self.state is State.ABORTED:
+            return [Note("call_after_abort", "request")]
+        self.demands = tuple(_copy_demand(d) for d in demands)
+        if self.state is State.SUBSCRIBED:
+            return [Send(self._request_call())]
+        return [Note("request_deferred", "sent once subscribed")]
+
+    def _request_call(self) -> scheduler_pb2.SchedulerCall:
+        call = self._call()
+        call.request.SetInParent()
+        call.request.demands.extend(self.demands or ())
+        return call
+
     def teardown(self) -> list[Output]:
         """Remove the framework and all its tasks. Terminal for this core either way; when
         not subscribed nothing can be sent (the master removes the framework after its
@@ -449,6 +471,8 @@ class SchedulerCore:
 
     def _flush(self) -> list[Output]:
         calls: list[scheduler_pb2.SchedulerCall] = []
+        if self.demands is not None:  # first: the revive below is for this demand
+            calls.append(self._request_call())
         for kill in self._kills.values():
             calls.append(self._call())
             calls[-1].kill.CopyFrom(kill)
@@ -525,3 +549,9 @@ class SchedulerCore:
             assert status.task_id == tid and not task_states.ends_updates(status.state)
         assert all(key == ack_key(s) and s.uuid for key, s in self.pending_acks.items())
         assert len(self._used) <= USED_OFFERS_REMEMBERED
+
+
+def _copy_demand(d: common_pb2.Demand) -> common_pb2.Demand:
+    out = common_pb2.Demand()
+    out.CopyFrom(d)
+    return out

@@ -39,7 +39,8 @@ FRONT = "front"         # the leader's endpoint for agents and frameworks
 _LOUD_NOTES = frozenset({"callback_failed", "master_error", "subscribe_retry", "disconnected"})
 
 Request = Callable[[], list[Output]]
-_M = TypeVar("_M", common_pb2.Operation, common_pb2.Filters, common_pb2.TaskStatus)
+_M = TypeVar("_M", common_pb2.Operation, common_pb2.Filters, common_pb2.TaskStatus,
+            common_pb2.Demand)
 
 
 class _Stop:
@@ -214,6 +215,12 @@ class SchedulerDriver:
     def suppress(self, roles: Iterable[str] = ()) -> None:
         roles = list(roles)
         self._submit(lambda: self._core.suppress(roles))
+
+    def request(self, demands: Iterable[common_pb2.Demand]) -> None:
+        """Declare what the framework wants (frameworks.sdk.demand builds a Demand); it
+        replaces the last, and the driver sends it again after every re-subscription."""
+        copies = [_copy(d) for d in demands]
+        self._submit(lambda: self._core.request(copies))
 
     def _submit(self, request: Request) -> None:
         if self._done.is_set():

@@ -61,6 +61,13 @@ class Scheduler:
         """Fatal for the framework (subscription refused, framework removed): the driver
         stops (without teardown) once this returns; calls made now are dropped."""
 
+    def revoked(self, driver: SchedulerDriver, agent_id: str, task_ids: list[str],
+                grace_s: float, message: str) -> None:
+        """Revocation (fair sharing): this framework runs above its share and another one
+        needs these tasks' resources on `agent_id`. The master kills them (TASK_KILLED,
+        REASON_TASK_REVOKED) after `grace_s` unless the framework frees as much there first
+        by killing tasks of its choice."""
+
     def disconnected(self, driver: SchedulerDriver) -> None:
         """Lost the master (or its subscription). Outstanding offers are void; the driver
         reconnects and re-subscribes by itself, then calls `subscribed` again."""
@@ -127,6 +134,18 @@ class AcceptRejected:
 
 
 @dataclass(frozen=True)
+class Revoked:
+    agent_id: str
+    task_ids: tuple[str, ...]
+    grace_s: float
+    message: str
+
+    def invoke(self, scheduler: Scheduler, driver: SchedulerDriver) -> None:
+        scheduler.revoked(driver, self.agent_id, list(self.task_ids), self.grace_s,
+                          self.message)
+
+
+@dataclass(frozen=True)
 class Refused:
     code: int
     message: str
@@ -149,5 +168,5 @@ class Disconnected:
         scheduler.disconnected(driver)
 
 
-Callback = (Subscribed | Offers | Rescinded | Update | Failure | AcceptRejected | Refused
-            | Error | Disconnected)
+Callback = (Subscribed | Offers | Rescinded | Update | Failure | AcceptRejected | Revoked
+            | Refused | Error | Disconnected)

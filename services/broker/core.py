@@ -82,6 +82,7 @@ MAX_HELD = 4096  # allocations held while the state stream syncs; beyond, handed
 RescindReason = common_pb2.RescindReason
 RejectReason = common_pb2.RejectReason
 RecoverReason = internal_pb2.InternalMessage.RecoverResources.Reason
+Reclaim = internal_pb2.InternalMessage.ReclaimOffers.Reclaim
 
 
 @dataclass
@@ -313,6 +314,32 @@ class BrokerCore:
             attributes=agent.attributes, master_epoch=self._launches.master_epoch)
         self.table.create(offer)
         return [SendOffers(a.framework_id, (offer,))]
+
+    def reclaim_offers(self, reclaims: Iterable[Reclaim], now: float) -> list[Command]:
+        """From the allocator (fair sharing): rescind (RESCIND_REASON_RECLAIMED) and recover
+        unfiltered the framework's OFFERED offers on each agent, and hand back what is held
+        for it there. Pairs with nothing outstanding (answered meanwhile) are counted."""
+        out = self._due(now)
+        ignored = 0
+        for r in reclaims:
+            ids = sorted(self.table.by_agent.get(r.agent_id, set())
+                         & self.table.by_framework.get(r.framework_id, set()))
+            pair = (r.framework_id, r.agent_id)
+            mine = [a for a in self._held if (a.framework_id, a.agent_id) == pair]
+            if not ids and not mine:
+                ignored += 1
+                continue
+            out += self._rescind(ids, RescindReason.RESCIND_REASON_RECLAIMED,
+                                 r.reason or "reclaimed for a framework below its share",
+                                 recover=True)
+            self._held = [a for a in self._held if (a.framework_id, a.agent_id) != pair]
+            for a in mine:
+                out += hand_back(a, Notice.of("allocation_reclaimed", f"{what(a)}: reclaimed "
+                                              "while held for the stream", "info", **facts(a)))
+        if ignored:
+            out.append(Notice.of("reclaim_ignored", f"{ignored} reclaims named no outstanding "
+                                 "offer (answered meanwhile)", reclaims=ignored))
+        return coalesce(out)
 
     # -- events: frameworks, through the master ----------------------------------------
     def accept(self, framework_id: str, offer_ids: Sequence[str],

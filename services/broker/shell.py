@@ -303,6 +303,15 @@ class BrokerShell(ServiceKit):
         elif msg.WhichOneof("kind") == "allocator_decisions":
             self.stats.inc("decisions_relayed", len(msg.allocator_decisions.decisions))
             self._send_master(msg)  # the master publishes them for `offerbus why`
+        elif msg.WhichOneof("kind") == "reclaim_offers":
+            self.stats.inc("reclaims", len(msg.reclaim_offers.reclaims))
+            self._step(core.reclaim_offers(msg.reclaim_offers.reclaims, now))
+        elif msg.WhichOneof("kind") == "revoke_resources":
+            # To the master, which picks the tasks and kills them; after the rescinds this
+            # wake-up gathered (the allocator sends its reclaims first).
+            self.stats.inc("relayed{kind=revoke_resources}")
+            self._flush()
+            self._send_master(msg, env.traceparent)
         else:
             self.stats.inc("frames_dropped{reason=unexpected}")
 

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from schemas import common_pb2, state_pb2
+from schemas import common_pb2, internal_pb2, state_pb2
 from services.broker.commands import (
     AcceptRejected,
     Command,
@@ -32,6 +32,7 @@ from services.resources import Resources
 from tests.broker.harness import (
     RC,
     RJ,
+    RR,
     T0,
     Out,
     agent_entry,
@@ -57,6 +58,7 @@ TOTAL = Resources.of(cpus=8, mem=4096, ports=[(31000, 31007)])
 TIMEOUT = 10.0
 LAUNCH_TIMEOUT = 25.0
 MASTERS = (None, 1, 2, 3)
+Reclaim = internal_pb2.InternalMessage.ReclaimOffers.Reclaim
 UNREACHABLE = state_pb2.AgentRecord.Status.AGENT_STATUS_UNREACHABLE
 
 
@@ -119,7 +121,8 @@ class BrokerMachine(RuleBasedStateMachine):
         self.master: int | None = 1
         self.allocator = 0  # the newest allocator epoch told the core
         self.synced = True  # the shell's word on the state stream
-        self.held: list[tuple[str, Resources]] = []  # (agent, res) waiting for the stream
+        # (framework, agent, res) waiting for the stream
+        self.held: list[tuple[str, str, Resources]] = []
         self.on_stream: set[tuple[str, str]] = set()  # tasks published so far
         self.seen: set[str] = set()  # every offer id ever sent
         self.relayed_by: dict[str, int | None] = {}  # offer id -> the master when it was sent
@@ -214,7 +217,8 @@ class BrokerMachine(RuleBasedStateMachine):
             cmds, SendOffers) for o in c.offers})  # one per framework
         if not self.synced:
             assert not only(cmds, SendOffers) and not recoveries(cmds)
-            self.held += [(a.agent_id, Resources.from_proto(a.resources)) for a in batch]
+            self.held += [(a.framework_id, a.agent_id, Resources.from_proto(a.resources))
+                          for a in batch]
 
     @precondition(lambda self: self.live)
     @rule(data=st.data())
@@ -377,6 +381,29 @@ class BrokerMachine(RuleBasedStateMachine):
         self.forget_held()
         assert not self.live
 
+    @rule(data=st.data())
+    def reclaim(self, data: st.DataObject) -> None:
+        """The allocator reclaims offers of some (framework, agent) pairs (fair sharing):
+        exactly their outstanding offers are rescinded and recovered unfiltered, and what
+        was held for the stream for them goes back; other pairs are ignored."""
+        pairs = data.draw(st.lists(st.tuples(st.sampled_from(FRAMEWORKS),
+                                             st.sampled_from(AGENTS)), max_size=3))
+        want = {i for i, o in self.live.items() if (o.framework_id, o.agent_id) in pairs}
+        cmds = self.run(self.core.reclaim_offers(
+            [Reclaim(framework_id=f, agent_id=a, reason="r") for f, a in pairs], self.now))
+        rescinded = {i for c in only(cmds, Rescind) for i in c.offer_ids
+                     if c.reason == RR.RESCIND_REASON_RECLAIMED}
+        assert rescinded == want - {i for c in only(cmds, Rescind) for i in c.offer_ids
+                                    if c.reason == RR.RESCIND_REASON_EXPIRED}
+        assert all(r.refuse_seconds == 0 for r in recoveries(cmds))
+        held = sum((ledger(r) for f, a, r in self.held if (f, a) in pairs), Counter())
+        back = [r for r in recoveries(cmds) if r.reason == RC.RECOVER_REASON_RESCINDED]
+        assert {r.offer_id for r in back if r.offer_id} == rescinded
+        assert sum((ledger(r.resources) for r in back if not r.offer_id), Counter()) == held
+        assert all(o.framework_id != f or o.agent_id != a
+                   for o in self.live.values() for f, a in pairs)
+        self.held = [h for h in self.held if (h[0], h[1]) not in pairs]
+
     # -- rules: the master, the allocator, the stream ---------------------------------
     @rule(epoch=st.sampled_from(MASTERS))
     def master_changes(self, epoch: int | None) -> None:
@@ -442,7 +469,7 @@ class BrokerMachine(RuleBasedStateMachine):
         self.held.clear()
 
     def forget_held(self) -> None:
-        for _, res in self.held:
+        for _, _, res in self.held:
             self.forgotten += ledger(res)
         self.held.clear()
 
@@ -454,7 +481,7 @@ class BrokerMachine(RuleBasedStateMachine):
             held += ledger(o.resources)
         for la in self.pending.values():
             held += ledger(la.resources)
-        for _, res in self.held:
+        for _, _, res in self.held:
             held += ledger(res)
         assert self.allocated == held + self.returned + self.forgotten
 

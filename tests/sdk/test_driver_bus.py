@@ -253,3 +253,48 @@ def test_unauthorized_error_resubscribes_and_a_fatal_error_stops_the_driver(
         driver.stop(failover=True)
         driver.join(WAIT)
         master.close()
+
+
+def test_request_reaches_the_master_again_after_resubscribing_and_revoke_the_scheduler(
+    tmp_path: Path, reactor: Reactor, ctx: zmq.Context[zmq.Socket[bytes]],
+) -> None:
+    from frameworks.sdk import demand
+    from services.resources import Resources
+
+    class Revoked(RecordingScheduler):
+        def revoked(self, driver: SchedulerDriver, agent_id: str, task_ids: list[str],
+                    grace_s: float, message: str) -> None:
+            self.record("revoked", (agent_id, task_ids, grace_s, message))
+
+    master = MasterHarness(reactor, ctx, tmp_path, "m1")
+    sched = Revoked()
+    driver = SchedulerDriver(sched, common_pb2.FrameworkInfo(name="web", role="web"),
+                             f"file://{tmp_path}", heartbeat=BEAT)
+    driver.request([demand(Resources.of(cpus=0.5, mem=64), 3, ports=1)])  # before running
+    driver.start()
+    try:
+        peer, _ = master.next_call("subscribe")
+        master.subscribed(peer, "fw-1")
+        _, env = master.next_call("request")
+        [d] = env.scheduler_call.request.demands
+        assert (d.count, d.ports, env.scheduler_call.framework_id) == (3, 1, "fw-1")
+
+        driver.request([demand(Resources.of(cpus=0.5, mem=64), 5, ports=1)])
+        _, env = master.next_call("request", after=1)
+        assert env.scheduler_call.request.demands[0].count == 5
+
+        master.reply(peer, Event(revoke=Event.Revoke(agent_id="a1", task_ids=["t1"],
+                                                     grace_s=2.0, message="for fw-2")))
+        master.pump_until(lambda: sched.seen("revoked"), "no revoked callback")
+        assert sched.seen("revoked") == [("a1", ["t1"], 2.0, "for fw-2")]
+
+        # The master forgot the connection: the driver re-subscribes and restates 5.
+        assert master.router.send(peer, codec.error_envelope(bus_pb2.NOT_REGISTERED, "who?"))
+        peer, _ = master.next_call("subscribe", after=1)
+        master.subscribed(peer, "fw-1")
+        _, env = master.next_call("request", after=2)
+        assert env.scheduler_call.request.demands[0].count == 5
+    finally:
+        driver.stop(failover=True)
+        driver.join(WAIT)
+        master.close()

@@ -406,6 +406,7 @@ class DriverCoreMachine(RuleBasedStateMachine):
         self.seen_ids: list[str] = ["never-offered"]
         self.visible: dict[str, str] = {}  # offer id -> agent, as the scheduler was told
         self.used: set[str] = set()
+        self.demand: list[int] | None = None  # the counts last requested (None: never)
 
     def pick(self, data: st.DataObject, min_size: int = 0) -> list[str]:
         """Offer ids: mostly outstanding ones (else accepts would hardly ever be valid),
@@ -419,6 +420,9 @@ class DriverCoreMachine(RuleBasedStateMachine):
     def step(self, outputs: list[Output]) -> list[Callback | Send]:
         before = dict(self.visible)
         got = self.rec.run(outputs)
+        if any(isinstance(e, Subscribed) for e in got):  # the demand restated, if any
+            requests = [[d.count for d in c.request.demands] for c in sends(got, "request")]
+            assert requests == ([] if self.demand is None else [self.demand]), requests
         for entry in got:
             if isinstance(entry, Offers):
                 for o in entry.offers:
@@ -506,6 +510,15 @@ class DriverCoreMachine(RuleBasedStateMachine):
     def decline(self, data: st.DataObject) -> None:
         ids = self.pick(data)
         self.step(self.rec.core.decline(ids, 1.0))
+
+    @rule(counts=st.lists(st.integers(0, 5), max_size=2))
+    def request(self, counts: list[int]) -> None:
+        aborted = self.rec.core.state is State.ABORTED
+        got = self.step(self.rec.core.request(
+            [common_pb2.Demand(count=n) for n in counts]))
+        assert len(sends(got, "request")) == (self.rec.core.state is State.SUBSCRIBED)
+        if not aborted:  # (an aborted core drops the call)
+            self.demand = counts
 
     @rule(task=st.sampled_from(TASKS))
     def kill_and_reconcile(self, task: str) -> None:
