@@ -8,11 +8,11 @@ Events and the current time come in, allocations and decisions go out."""
 from __future__ import annotations
 
 import math
-from bisect import bisect_left, insort
 from collections.abc import Iterable
 
+from services.allocator.cycle import visit
 from services.allocator.decide import decide
-from services.allocator.fill import Shape, headroom, next_unit, take_unit
+from services.allocator.fill import Shape, next_unit, take_unit, usable
 from services.allocator.filters import DeclineFilters
 from services.allocator.model import (
     Agent,
@@ -29,7 +29,7 @@ from services.allocator.model import (
 from services.allocator.reclaim import Plan
 from services.allocator.reclaim import plan as plan_reclaims
 from services.allocator.sorter import DRFSorter, Sorter, scalar_vector
-from services.resources import MILLI, UNRESERVED, Resources
+from services.resources import MILLI, Resources
 
 DEFAULT_REFUSE_SECONDS = 5.0  # a decline without filters (DESIGN §4, as Mesos)
 MAX_REFUSE_SECONDS = 365 * 24 * 3600.0  # Mesos caps filters at a year too
@@ -45,7 +45,6 @@ __all__ = ["DEFAULT_REFUSE_SECONDS", "MAX_REFUSE_SECONDS", "MIN_CPUS", "MIN_MEM"
            "Allocation", "AllocatorCore", "AllocatorError", "Attributes", "Cycle",
            "Decision", "Filter", "Framework", "Outcome"]
 
-Order = list[tuple[float, str]]  # (sort key, framework id), ascending
 
 
 class AllocatorCore:
@@ -340,7 +339,7 @@ class AllocatorCore:
         allocations: list[Allocation] = []
         visited = 0
         if self._dirty or (fresh and self._idle):
-            visited = self._visit(fresh, notes, allocations, now)
+            visited = visit(self, fresh, notes, allocations, now)
         self._dirty, self._fresh = set(), set()
         touched, self._touched = self._touched.union(notes), set()
         plan = self._plan_reclaims(fresh, touched, allocations, bool(visited), now)
@@ -391,161 +390,6 @@ class AllocatorCore:
         touched.update(out.said)
         return out
 
-    def _visit(self, fresh: set[str], notes: dict[str, Notes],
-               allocations: list[Allocation], now: float) -> int:
-        """Offer the agents to visit; how many there were."""
-        agents, fws, dirty, idle = self.agents, self.frameworks, self._dirty, self._idle
-        order = self.sorter.sort(fid for fid, fw in fws.items()
-                                 if fw.active and not fw.suppressed)
-        if self._idle <= dirty:  # no idle agent to try fresh frameworks on
-            fresh = set()
-        fresh_order = [e for e in order if e[1] in fresh]
-        visit = dirty | idle if fresh_order else dirty
-        ids: Iterable[str] = (agents if len(visit) == len(agents)
-                              else sorted(visit, key=lambda a: agents[a].seq))
-        for agent_id in ids:
-            agent = agents[agent_id]
-            lists = (order, fresh_order) if agent_id in dirty else (fresh_order, order)
-            for fid, (offer, before) in self._fill(agent, lists, fresh, notes, now).items():
-                n = len(allocations)
-                allocation = Allocation(f"{self.id_prefix}{self.cycle}-{n}", fid, agent_id,
-                                        fws[fid].role, offer, *before, self.cycle)
-                allocations.append(allocation)
-                notes[fid].allocation_ids.append(allocation.allocation_id)
-            if self._allocatable(agent.free):
-                idle.add(agent_id)
-            else:
-                idle.discard(agent_id)
-        return len(visit)
-
-    def _fill(self, agent: Agent, lists: tuple[Order, Order], fresh: set[str],
-              notes: dict[str, Notes], now: float,
-              ) -> dict[str, tuple[Resources, tuple[float, str, float]]]:
-        """Progressive filling of one agent: the candidate with the lowest weighted share
-        takes one task of its declared demand (then is re-sorted and may take more), or,
-        of unknown demand, what it may hold before it passes the next candidate with
-        declared demand, or the whole rest when no such candidate follows (Mesos). What
-        each framework took, with its share before."""
-        cands, other = lists
-        fws, sorter, allocatable = self.frameworks, self.sorter, self._allocatable
-        flts_by_fw = self.filters.on(agent.agent_id)
-        done: set[str] = set()  # finished on this agent: took the rest, refused, met, unfit
-        got: dict[str, tuple[Resources, tuple[float, str, float]]] = {}
-        usable: dict[str, tuple[Resources, bool]] = {}  # role -> (its part, allocatable)
-        i = 0
-        forced: int | None = None  # a declared candidate tied with the one at i goes first
-        free_ok = allocatable(agent.free)
-        while free_ok and i < len(cands):
-            pos, forced = (i, None) if forced is None else (forced, None)
-            fid = cands[pos][1]
-            if fid in done:
-                i += 1
-                continue
-            fw = fws[fid]
-            note = notes.get(fid)
-            if note is None:
-                note = notes[fid] = Notes()
-            seen = usable.get(fw.role)
-            if seen is None:
-                part = _usable(agent.free, fw.role)
-                seen = usable[fw.role] = (part, allocatable(part))
-            offer, fits = seen
-            flts = flts_by_fw.get(fid)
-            take: Resources | None = offer
-            whole = True
-            if not fits:
-                note.no_fit += 1
-                take = None
-            elif fw.demands:
-                unit = next_unit(fw.demands, sorter.allocation(fid))
-                whole = False
-                if unit is None:
-                    note.demand_met, take = True, None
-                else:
-                    take = take_unit(offer, unit, fw.role)
-                    if take is None:
-                        note.unfit = unit
-            elif flts and _refusal(flts, offer, now) is not None:
-                pass  # refused whole, refused in part too: said below
-            else:
-                j = self._next_declared(cands, i, done, agent, now)
-                if j is not None:
-                    level = cands[j][0] * sorter.dominant(fid)[2]
-                    take = headroom(offer, sorter.allocation(fid), sorter.total, level)
-                    whole = False
-                    if not take:  # at the next one's share already: that one goes first
-                        forced = j
-                        continue
-            if take is not None and flts and (whole or fw.demands):
-                until = _refusal(flts, take, now)
-                if until is not None:
-                    note.agents_filtered += 1
-                    if note.first_filtered is None:
-                        note.first_filtered = (agent.agent_id, until)
-                    take = None
-            if take is None:
-                done.add(fid)
-                if pos == i:
-                    i += 1
-                continue
-            if fid not in got:
-                got[fid] = (NOTHING, sorter.dominant(fid))
-            self._hold(agent, fw, take)
-            got[fid] = (got[fid][0] + take, got[fid][1])
-            if fw.demands:
-                note.units += 1
-            if whole:
-                done.add(fid)
-            self._resort(fid, cands, other, fresh, cands[pos])
-            usable.clear()
-            free_ok = allocatable(agent.free)
-        return got
-
-    def _next_declared(self, cands: Order, i: int, done: set[str], agent: Agent,
-                       now: float) -> int | None:
-        """Where the next candidate after `i` that would take something of the agent stands,
-        if it declared demand (else None: the one at `i` may take the rest). Candidates that
-        would refuse are passed over, as they are absent from an incremental visit."""
-        flts_by_fw = self.filters.on(agent.agent_id)
-        for j in range(i + 1, len(cands)):
-            fid = cands[j][1]
-            if fid in done:
-                continue
-            fw = self.frameworks[fid]
-            offer = _usable(agent.free, fw.role)
-            if not self._allocatable(offer):
-                continue
-            if fw.demands:
-                unit = next_unit(fw.demands, self.sorter.allocation(fid))
-                take = None if unit is None else take_unit(offer, unit, fw.role)
-                if take is None:
-                    continue
-                offer = take
-            flts = flts_by_fw.get(fid)
-            if flts and _refusal(flts, offer, now) is not None:
-                continue
-            return j if fw.demands else None
-        return None
-
-    def _hold(self, agent: Agent, fw: Framework, take: Resources) -> None:
-        fid = fw.framework_id
-        held = agent.offered.get(fid)
-        agent.offered[fid] = take if held is None else held + take
-        agent.free = NOTHING if take is agent.free else agent.free - take
-        fw.agents.add(agent.agent_id)
-        self.sorter.allocated(fid, take)
-
-    def _resort(self, fid: str, cands: Order, other: Order, fresh: set[str],
-                entry: tuple[float, str]) -> None:
-        """Its share grew: move it (to where the loop will reach it again, as its key only
-        grows) in the candidates, and in the other list if it is there too."""
-        new = (self.sorter.key(fid), fid)
-        _remove(cands, entry)
-        insort(cands, new)
-        if fid in fresh:  # fresh ones are in both lists
-            _remove(other, entry)
-            insort(other, new)
-
     def allocatable(self, r: Resources) -> bool:
         """Worth offering: at least MIN_CPUS or MIN_MEM."""
         return self._allocatable(r)
@@ -566,7 +410,7 @@ class AllocatorCore:
         out = []
         for agent_id, flts in self.filters.of(fw.framework_id):
             if agent_id in self._idle:
-                offer = _usable(self.agents[agent_id].free, fw.role)
+                offer = usable(self.agents[agent_id].free, fw.role)
                 if self._allocatable(offer):
                     until = max((f.expires_at for f in flts if f.refuses(offer, -math.inf)),
                                 default=None)
@@ -646,7 +490,7 @@ class AllocatorCore:
             for fid, fw in self.frameworks.items():
                 if not fw.active or fw.suppressed or fid in self._fresh:
                     continue
-                offer = _usable(agent.free, fw.role)
+                offer = usable(agent.free, fw.role)
                 if fw.demands and self._allocatable(offer):
                     unit = next_unit(fw.demands, self.sorter.allocation(fid))
                     take = None if unit is None else take_unit(offer, unit, fw.role)
@@ -658,30 +502,6 @@ class AllocatorCore:
 
 
 # -- resource helpers ------------------------------------------------------------------------
-
-
-def _usable(free: Resources, role: str) -> Resources:
-    """free.for_role(role), without a copy when all of it is usable (the common case)."""
-    for keys in (free.scalars, free.ranges, free.sets):
-        for _, r in keys:
-            if r != UNRESERVED and r != role:
-                return free.for_role(role)
-    return free
-
-
-def _refusal(flts: list[Filter], offer: Resources, now: float) -> float | None:
-    """The latest expiry among the filters refusing `offer`, or None."""
-    latest = None
-    for f in flts:
-        if f.refuses(offer, now) and (latest is None or f.expires_at > latest):
-            latest = f.expires_at
-    return latest
-
-
-def _remove(order: Order, entry: tuple[float, str]) -> None:
-    i = bisect_left(order, entry)
-    if i < len(order) and order[i] == entry:
-        del order[i]
 
 
 def _refuse_seconds(seconds: float | None) -> float:

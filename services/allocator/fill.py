@@ -8,9 +8,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from services.allocator.sorter import DRF_RESOURCES, scalar_vector
 from services.resources import UNRESERVED, Key, Range, Resources
+
+if TYPE_CHECKING:
+    from services.allocator.model import Filter
 
 Vector = Mapping[str, int]  # DRF scalars, milli-units
 
@@ -134,3 +138,21 @@ def minus(a: Vector, b: Vector) -> dict[str, int]:
 def free_ports(usable: Resources, role: str) -> int:
     return sum(hi - lo + 1 for (name, r), rs in usable.ranges.items()
                if name == "ports" and r in (role, UNRESERVED) for lo, hi in rs)
+
+
+def usable(free: Resources, role: str) -> Resources:
+    """free.for_role(role), without a copy when all of it is usable (the common case)."""
+    for keys in (free.scalars, free.ranges, free.sets):
+        for _, r in keys:
+            if r != UNRESERVED and r != role:
+                return free.for_role(role)
+    return free
+
+
+def refusal(flts: list[Filter], offer: Resources, now: float) -> float | None:
+    """The latest expiry among the filters refusing `offer`, or None."""
+    latest = None
+    for f in flts:
+        if f.refuses(offer, now) and (latest is None or f.expires_at > latest):
+            latest = f.expires_at
+    return latest

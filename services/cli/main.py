@@ -142,6 +142,8 @@ def cmd_table(args: argparse.Namespace) -> int:
 
 
 def cmd_roles(args: argparse.Namespace) -> int:
+    if args.what:
+        return _set_weight(args)
     url = cluster_url(args.cluster, args.run_dir)
     allocator = find_leader(url, args.timeout, role="allocator")
     doc = http_get(allocator.endpoints["http"] + "/roles", args.timeout)
@@ -157,6 +159,24 @@ def cmd_roles(args: argparse.Namespace) -> int:
         views.print_json(console, views.role_rows(doc, state))
     else:
         console.print(views.roles_table(doc, state))
+    return 0
+
+
+def _set_weight(args: argparse.Namespace) -> int:
+    """`offerbus roles weight ROLE W`: the operator's SetWeight (weighted DRF)."""
+    what = args.what
+    if len(what) != 3 or what[0] != "weight":
+        raise CliError("usage: offerbus roles weight ROLE WEIGHT, e.g. offerbus roles weight eng 2")
+    try:
+        weight = float(what[2])
+    except ValueError:
+        raise CliError(f"weight {what[2]!r} is not a number") from None
+    url = cluster_url(args.cluster, args.run_dir)
+    leader, _ = master_state(url, args.timeout)
+    call = operator_pb2.OperatorCall()
+    call.set_weight.role, call.set_weight.weight = what[1], weight
+    event = operator_call(leader, call, args.timeout)
+    console.print(event.done.message or f"role {what[1]} weight {weight:g}")
     return 0
 
 
@@ -254,6 +274,9 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument("--json", action="store_true", help="print machine-readable JSON")
         if name == "tasks":
             p.add_argument("--all", action="store_true", help="include finished tasks")
+        if name == "roles":
+            p.add_argument("what", nargs="*", metavar="weight ROLE WEIGHT",
+                           help="set a role's weight (operator), e.g. `roles weight eng 2`")
         p.set_defaults(fn=fn)
     p = sub.add_parser("kill", help="kill a task (operator)")
     p.add_argument("task")

@@ -14,11 +14,7 @@ import pytest
 from services.allocator.core import AllocatorCore, Cycle
 from services.allocator.fill import Shape
 from services.resources import Resources
-
-GB = 1024.0
-PAPER_AGENT = Resources.of(cpus=9, mem=18 * GB)
-A_TASK = Resources.of(cpus=1, mem=4 * GB)
-B_TASK = Resources.of(cpus=3, mem=1 * GB)
+from tests.fairness import A_TASK, B_TASK, GB, PAPER_AGENT, progressive_filling
 
 
 @dataclass
@@ -135,34 +131,13 @@ def test_without_revocation_the_late_framework_gets_only_what_is_free() -> None:
     assert decision.outcome.name == "NO_FIT"
 
 
-def _progressive_filling(total: Resources, fws: dict[str, tuple[Resources, float]]
-                         ) -> dict[str, int]:
-    """An independent reference: repeatedly give one task to the framework with the lowest
-    weighted dominant share whose task still fits (ties: by name)."""
-    counts = {f: 0 for f in fws}
-    free = total
-    names = ("cpus", "mem")
-
-    def key(f: str) -> float:
-        task, w = fws[f]
-        return max(counts[f] * task.scalar(n) / total.scalar(n) for n in names) / w
-
-    while True:
-        fits = [f for f in fws if free.contains(fws[f][0])]
-        if not fits:
-            return counts
-        f = min(fits, key=lambda f: (key(f), f))
-        counts[f] += 1
-        free -= fws[f][0]
-
-
 @pytest.mark.parametrize("first", ["a", "b", None])
 def test_weighted_drf_two_to_one(first: str | None) -> None:
     agent = Resources.of(cpus=18, mem=36 * GB)
     weights = {"a": 2.0, "b": 1.0}
     shapes = {"a": A_TASK, "b": B_TASK}
-    expect = _progressive_filling(agent, {f: (shapes[f], weights[f]) for f in shapes})
-    unweighted = _progressive_filling(agent, {f: (shapes[f], 1.0) for f in shapes})
+    expect = progressive_filling(agent, {f: (shapes[f], weights[f]) for f in shapes})
+    unweighted = progressive_filling(agent, {f: (shapes[f], 1.0) for f in shapes})
     assert expect != unweighted  # the weights matter in this example
     c = Cluster({"agent-1": agent})
     order = ["a", "b"] if first in (None, "a") else ["b", "a"]

@@ -1,0 +1,181 @@
+"""One allocation pass of the allocator core: the agents a cycle visits, each filled
+progressively (DRF with declared demand), the allocations made. Pure; it works on an
+AllocatorCore's state, whose events decide what a cycle visits (core.py)."""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from services.allocator.fill import headroom, next_unit, refusal, take_unit, usable
+from services.allocator.model import Agent, Allocation, Framework, Notes
+from services.resources import Resources
+
+if TYPE_CHECKING:
+    from services.allocator.core import AllocatorCore
+
+NOTHING = Resources()
+Order = list[tuple[float, str]]  # (sort key, framework id), ascending
+
+
+def visit(core: AllocatorCore, fresh: set[str], notes: dict[str, Notes],
+           allocations: list[Allocation], now: float) -> int:
+    """Offer the agents to visit; how many there were."""
+    agents, fws, dirty, idle = core.agents, core.frameworks, core._dirty, core._idle
+    order = core.sorter.sort(fid for fid, fw in fws.items()
+                             if fw.active and not fw.suppressed)
+    if core._idle <= dirty:  # no idle agent to try fresh frameworks on
+        fresh = set()
+    fresh_order = [e for e in order if e[1] in fresh]
+    visit = dirty | idle if fresh_order else dirty
+    ids: Iterable[str] = (agents if len(visit) == len(agents)
+                          else sorted(visit, key=lambda a: agents[a].seq))
+    for agent_id in ids:
+        agent = agents[agent_id]
+        lists = (order, fresh_order) if agent_id in dirty else (fresh_order, order)
+        for fid, (offer, before) in _fill(core, agent, lists, fresh, notes, now).items():
+            n = len(allocations)
+            allocation = Allocation(f"{core.id_prefix}{core.cycle}-{n}", fid, agent_id,
+                                    fws[fid].role, offer, *before, core.cycle)
+            allocations.append(allocation)
+            notes[fid].allocation_ids.append(allocation.allocation_id)
+        if core._allocatable(agent.free):
+            idle.add(agent_id)
+        else:
+            idle.discard(agent_id)
+    return len(visit)
+
+def _fill(core: AllocatorCore, agent: Agent, lists: tuple[Order, Order], fresh: set[str],
+          notes: dict[str, Notes], now: float,
+          ) -> dict[str, tuple[Resources, tuple[float, str, float]]]:
+    """Progressive filling of one agent: the candidate with the lowest weighted share
+    takes one task of its declared demand (then is re-sorted and may take more), or,
+    of unknown demand, what it may hold before it passes the next candidate with
+    declared demand, or the whole rest when no such candidate follows (Mesos). What
+    each framework took, with its share before."""
+    cands, other = lists
+    fws, sorter, allocatable = core.frameworks, core.sorter, core._allocatable
+    flts_by_fw = core.filters.on(agent.agent_id)
+    done: set[str] = set()  # finished on this agent: took the rest, refused, met, unfit
+    got: dict[str, tuple[Resources, tuple[float, str, float]]] = {}
+    parts: dict[str, tuple[Resources, bool]] = {}  # role -> (its part, allocatable)
+    i = 0
+    forced: int | None = None  # a declared candidate tied with the one at i goes first
+    free_ok = allocatable(agent.free)
+    while free_ok and i < len(cands):
+        pos, forced = (i, None) if forced is None else (forced, None)
+        fid = cands[pos][1]
+        if fid in done:
+            i += 1
+            continue
+        fw = fws[fid]
+        note = notes.get(fid)
+        if note is None:
+            note = notes[fid] = Notes()
+        seen = parts.get(fw.role)
+        if seen is None:
+            part = usable(agent.free, fw.role)
+            seen = parts[fw.role] = (part, allocatable(part))
+        offer, fits = seen
+        flts = flts_by_fw.get(fid)
+        take: Resources | None = offer
+        whole = True
+        if not fits:
+            note.no_fit += 1
+            take = None
+        elif fw.demands:
+            unit = next_unit(fw.demands, sorter.allocation(fid))
+            whole = False
+            if unit is None:
+                note.demand_met, take = True, None
+            else:
+                take = take_unit(offer, unit, fw.role)
+                if take is None:
+                    note.unfit = unit
+        elif flts and refusal(flts, offer, now) is not None:
+            pass  # refused whole, refused in part too: said below
+        else:
+            j = _next_declared(core, cands, i, done, agent, now)
+            if j is not None:
+                level = cands[j][0] * sorter.dominant(fid)[2]
+                take = headroom(offer, sorter.allocation(fid), sorter.total, level)
+                whole = False
+                if not take:  # at the next one's share already: that one goes first
+                    forced = j
+                    continue
+        if take is not None and flts and (whole or fw.demands):
+            until = refusal(flts, take, now)
+            if until is not None:
+                note.agents_filtered += 1
+                if note.first_filtered is None:
+                    note.first_filtered = (agent.agent_id, until)
+                take = None
+        if take is None:
+            done.add(fid)
+            if pos == i:
+                i += 1
+            continue
+        if fid not in got:
+            got[fid] = (NOTHING, sorter.dominant(fid))
+        _hold(core, agent, fw, take)
+        got[fid] = (got[fid][0] + take, got[fid][1])
+        if fw.demands:
+            note.units += 1
+        if whole:
+            done.add(fid)
+        _resort(core, fid, cands, other, fresh, cands[pos])
+        parts.clear()
+        free_ok = allocatable(agent.free)
+    return got
+
+def _next_declared(core: AllocatorCore, cands: Order, i: int, done: set[str], agent: Agent,
+                   now: float) -> int | None:
+    """Where the next candidate after `i` that would take something of the agent stands,
+    if it declared demand (else None: the one at `i` may take the rest). Candidates that
+    would refuse are passed over, as they are absent from an incremental visit."""
+    flts_by_fw = core.filters.on(agent.agent_id)
+    for j in range(i + 1, len(cands)):
+        fid = cands[j][1]
+        if fid in done:
+            continue
+        fw = core.frameworks[fid]
+        offer = usable(agent.free, fw.role)
+        if not core._allocatable(offer):
+            continue
+        if fw.demands:
+            unit = next_unit(fw.demands, core.sorter.allocation(fid))
+            take = None if unit is None else take_unit(offer, unit, fw.role)
+            if take is None:
+                continue
+            offer = take
+        flts = flts_by_fw.get(fid)
+        if flts and refusal(flts, offer, now) is not None:
+            continue
+        return j if fw.demands else None
+    return None
+
+def _hold(core: AllocatorCore, agent: Agent, fw: Framework, take: Resources) -> None:
+    fid = fw.framework_id
+    held = agent.offered.get(fid)
+    agent.offered[fid] = take if held is None else held + take
+    agent.free = NOTHING if take is agent.free else agent.free - take
+    fw.agents.add(agent.agent_id)
+    core.sorter.allocated(fid, take)
+
+def _resort(core: AllocatorCore, fid: str, cands: Order, other: Order, fresh: set[str],
+            entry: tuple[float, str]) -> None:
+    """Its share grew: move it (to where the loop will reach it again, as its key only
+    grows) in the candidates, and in the other list if it is there too."""
+    new = (core.sorter.key(fid), fid)
+    _remove(cands, entry)
+    insort(cands, new)
+    if fid in fresh:  # fresh ones are in both lists
+        _remove(other, entry)
+        insort(other, new)
+
+
+def _remove(order: Order, entry: tuple[float, str]) -> None:
+    i = bisect_left(order, entry)
+    if i < len(order) and order[i] == entry:
+        del order[i]
