@@ -431,20 +431,26 @@ class AgentEvent(_message.Message):
         FRAMEWORK_ID_FIELD_NUMBER: _builtins.int
         TASK_ID_FIELD_NUMBER: _builtins.int
         KILL_GRACE_PERIOD_S_FIELD_NUMBER: _builtins.int
+        REASON_FIELD_NUMBER: _builtins.int
         framework_id: _builtins.str
         task_id: _builtins.str
         kill_grace_period_s: _builtins.float
         """Overrides the task's kill_grace_period_s for this kill."""
+        reason: _common_pb2.TaskStatus.Reason.ValueType
+        """Set when the kill has a cause the framework must learn (REASON_TASK_REVOKED): the
+        agent puts it on the task's TASK_KILLED update. Unset = an ordinary kill.
+        """
         def __init__(
             self,
             *,
             framework_id: _builtins.str = ...,
             task_id: _builtins.str = ...,
             kill_grace_period_s: _builtins.float | None = ...,
+            reason: _common_pb2.TaskStatus.Reason.ValueType = ...,
         ) -> None: ...
         _HasFieldArgType: _TypeAlias = _typing.Literal["_kill_grace_period_s", b"_kill_grace_period_s", "kill_grace_period_s", b"kill_grace_period_s"]  # noqa: Y015
         def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-        _ClearFieldArgType: _TypeAlias = _typing.Literal["_kill_grace_period_s", b"_kill_grace_period_s", "framework_id", b"framework_id", "kill_grace_period_s", b"kill_grace_period_s", "task_id", b"task_id"]  # noqa: Y015
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["_kill_grace_period_s", b"_kill_grace_period_s", "framework_id", b"framework_id", "kill_grace_period_s", b"kill_grace_period_s", "reason", b"reason", "task_id", b"task_id"]  # noqa: Y015
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         _WhichOneofReturnType__kill_grace_period_s: _TypeAlias = _typing.Literal["kill_grace_period_s"]  # noqa: Y015
         _WhichOneofArgType__kill_grace_period_s: _TypeAlias = _typing.Literal["_kill_grace_period_s", b"_kill_grace_period_s"]  # noqa: Y015

@@ -192,7 +192,7 @@ class AgentCore:
         if kind == "kill_task":
             k = event.kill_task
             grace = k.kill_grace_period_s if k.HasField("kill_grace_period_s") else None
-            return self.kill(k.framework_id, k.task_id, grace, now)
+            return self.kill(k.framework_id, k.task_id, grace, now, reason=k.reason)
         if kind == "acknowledgements":
             cmds: list[Command] = []
             for ack in event.acknowledgements.acks:
@@ -297,7 +297,10 @@ class AgentCore:
 
     # -- kills -----------------------------------------------------------------------------
     def kill(self, framework_id: str, task_id: str, grace: float | None,
-             now: float) -> list[Command]:
+             now: float, reason: TaskStatus.Reason.ValueType = TaskStatus.REASON_UNSPECIFIED,
+             ) -> list[Command]:
+        """`reason` (the master's KillTask.reason, e.g. REASON_TASK_REVOKED): put on the
+        task's TASK_KILLED update when the executor gives none."""
         ex_id = self.by_task.get((framework_id, task_id))
         if ex_id is None:
             return self._agent_update(framework_id, task_id, "", TaskState.TASK_DROPPED,
@@ -306,6 +309,8 @@ class AgentCore:
         ex = self.executors[ex_id]
         if tasks.is_terminal(ex.state):
             return []
+        if reason:
+            ex.kill_reason = reason
         if grace is None:
             grace = ex.task.kill_grace_period_s if ex.task.HasField("kill_grace_period_s") \
                 else 3.0
@@ -374,6 +379,8 @@ class AgentCore:
             ex.container_id = status.container_id
         status.agent_id = self.agent_id
         status.executor_id = ex.executor_id
+        if status.state == TaskState.TASK_KILLED and ex.kill_reason and not status.reason:
+            status.reason = ex.kill_reason
         if tasks.can_transition(ex.state, status.state) or ex.state == status.state:
             ex.state = status.state
         return self._updates(self.updates.update(ex.framework_id, status))

@@ -29,6 +29,8 @@ class Executor:
     container_id: str = ""
     state: TaskState.ValueType = TaskState.TASK_STAGING
     kill_grace_s: float | None = None  # a kill asked before the executor subscribed
+    # The master's reason for the kill (KillTask.reason), for the TASK_KILLED update.
+    kill_reason: common_pb2.TaskStatus.Reason.ValueType = TaskStatus.REASON_UNSPECIFIED
     exited: bool = False
     # Its process is gone (or never came back): its containers are being stopped; the
     # task is reported (gone_reason, gone_message) only once they are.

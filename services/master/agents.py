@@ -241,8 +241,9 @@ class AgentHandlers(AgentLiveness):
                 told.message = f"agent {agent.agent_id} re-registered with the task"
                 told.timestamp_us = int(self._now * 1_000_000)
                 self._notify(task.framework_id, told)
-        for task in plan.kill:
-            out += self._kill(task, None)
+        for task in plan.kill:  # a kill's reason (a revocation's) is on its KILLING status
+            out += self._kill(task, None, task.status.reason if task.state == tasks.KILLING
+                              else Reason.REASON_UNSPECIFIED)
         for fid, tid in plan.kill_unrecorded:
             out.append(ToAgent(agent.peer or b"", agent.agent_id, agent_pb2.AgentEvent(
                 kill_task=agent_pb2.AgentEvent.KillTask(framework_id=fid, task_id=tid))))

@@ -3,7 +3,8 @@ operator calls (decoded by the shell) and the time come in; commands (services/m
 commands.py) come out. No sockets, no clock, no threads; bad input becomes a Reject.
 
 Tables and shared helpers live in state.py, the agent protocol in agents.py, agent liveness
-(unreachable, gone, pruned) in liveness.py, the scheduler protocol in frameworks.py; this
+(unreachable, gone, pruned) in liveness.py, the scheduler protocol in frameworks.py,
+revocations (the allocator's RevokeResources) in revocation.py; this
 module adds the broker's messages (offers relayed, launches re-validated), operator calls,
 peers going silent, timers, and recovery after a failover.
 
@@ -44,6 +45,7 @@ from services.master.records import (
     Task,
     parse_resources,
 )
+from services.master.revocation import RevocationHandlers, Revocations
 from services.master.state import logs_error
 from services.resources import UNRESERVED, Resources
 
@@ -63,7 +65,7 @@ class _Refused(Exception):
         self.task_reason = task_reason
 
 
-class MasterCore(AgentHandlers, FrameworkHandlers):
+class MasterCore(AgentHandlers, FrameworkHandlers, RevocationHandlers):
     """See the module docstring. `recovered_registry`: the registry document the previous
     leader persisted (registry_document()); its registered agents get
     `agent_reregister_window_s` from this core's first call to re-register."""
@@ -90,6 +92,7 @@ class MasterCore(AgentHandlers, FrameworkHandlers):
                          agent_gone_timeout_s=agent_gone_timeout_s,
                          max_gone_agents=max_gone_agents, stall_threshold_s=stall_threshold_s)
         self._offer_prefix: str | None = None
+        self.revocations = Revocations()  # revocation.py
         kept = str((recovered_registry or {}).get("cluster_id") or "")
         if kept:
             self.cluster_id = kept
@@ -185,6 +188,8 @@ class MasterCore(AgentHandlers, FrameworkHandlers):
                     self.decisions[d.framework_id] = d
                     self._touch("decision", d.framework_id)
             out = []
+        elif kind == "revoke_resources":
+            out = self._revoke(msg.revoke_resources)
         else:
             out = [Reject(peer, bus_pb2.UNEXPECTED, f"the master does not take {kind!r} "
                           "internal messages", message_id, channel="internal")]
@@ -220,7 +225,8 @@ class MasterCore(AgentHandlers, FrameworkHandlers):
 
     def tick(self, now: float) -> list[Command]:
         """Timers: framework failover timeouts, the agent re-register window after a master
-        failover, agents silent or unreachable too long, unanswered log requests."""
+        failover, agents silent or unreachable too long, revocations' grace periods,
+        unanswered log requests."""
         self._begin(now)
         out: list[Command] = []
         for fw in sorted(self.frameworks.values(), key=lambda f: f.framework_id):
@@ -237,6 +243,7 @@ class MasterCore(AgentHandlers, FrameworkHandlers):
                 self._touch("agent", aid)
                 self._registry_changed(aid)
         out += self._expire_agents()
+        out += self._revocations_due()
         for rid, req in list(self.log_requests.items()):
             if now >= req.created_at + LOGS_TIMEOUT_S:
                 del self.log_requests[rid]
@@ -252,7 +259,24 @@ class MasterCore(AgentHandlers, FrameworkHandlers):
             times.append(self.started_at + self.agent_reregister_window_s)
         times += [r.created_at + LOGS_TIMEOUT_S for r in self.log_requests.values()]
         times += self._liveness_deadlines()
+        revocation = self.revocations.next_deadline()
+        if revocation is not None:
+            times.append(revocation)
         return min(times, default=None)
+
+    # -- revocations end with their framework or agent -----------------------------------
+    def _remove_framework(self, fw: Framework, why: str) -> list[Command]:
+        self.revocations.drop_framework(fw.framework_id)
+        return super()._remove_framework(fw, why)
+
+    def _agent_unreachable(self, agent: Agent, why: str) -> list[Command]:
+        self.revocations.drop_agent(agent.agent_id)
+        return super()._agent_unreachable(agent, why)
+
+    def _agent_gone(self, agent: Agent, state: tasks.State, reason: int, why: str,
+                    ) -> list[Command]:
+        self.revocations.drop_agent(agent.agent_id)
+        return super()._agent_gone(agent, state, reason, why)
 
     # -- broker ------------------------------------------------------------------------
     def _framework_event(self, fe: Internal.FrameworkEvent, traceparent: str,

@@ -3,6 +3,7 @@ every call (a framework touches only its own tasks), kills, acks, reconciliation
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from schemas import agent_pb2, bus_pb2, common_pb2, internal_pb2, scheduler_pb2
@@ -10,6 +11,9 @@ from services import tasks
 from services.master.commands import Command, Reject, ToAgent, ToFramework
 from services.master.records import (
     GONE,
+    MAX_DEMAND_COUNT,
+    MAX_DEMAND_PORTS,
+    MAX_DEMANDS,
     MAX_REMOVED_FRAMEWORKS,
     REGISTERED,
     UNREACHABLE,
@@ -17,7 +21,7 @@ from services.master.records import (
     Reason,
 )
 from services.master.state import MasterState, copy_status, finite_nonneg
-from services.resources import UNRESERVED
+from services.resources import UNRESERVED, Resources
 
 Call = scheduler_pb2.SchedulerCall
 Event = scheduler_pb2.SchedulerEvent
@@ -59,6 +63,8 @@ class FrameworkHandlers(MasterState):
             return self._acknowledge(fw, call.acknowledge.acks, message_id)
         if kind == "reconcile":
             return self._reconcile(fw, call.reconcile.tasks)
+        if kind == "request":
+            return self._request(fw, call.request, message_id)
         return [Reject(peer, bus_pb2.UNEXPECTED, f"unexpected scheduler call {kind}",
                        message_id)]
 
@@ -204,6 +210,21 @@ class FrameworkHandlers(MasterState):
         self._touch("framework", fw.framework_id)
         return [self._to_broker(msg, traceparent)]
 
+    def _request(self, fw: Framework, req: Call.Request, message_id: str) -> list[Command]:
+        """Its declared demand replaces the one before (none = unknown again); published
+        only when it changed (frameworks restate it often). A bad one changes nothing."""
+        try:
+            if len(req.demands) > MAX_DEMANDS:
+                raise ValueError(f"{len(req.demands)} demands, at most {MAX_DEMANDS}")
+            demands = tuple(_demand(i, d) for i, d in enumerate(req.demands))
+        except ValueError as exc:
+            return [Reject(fw.peer or b"", bus_pb2.INVALID, f"request of framework "
+                           f"{fw.framework_id} refused: {exc}", message_id)]
+        if demands != fw.demands:
+            fw.demands = demands
+            self._touch("framework", fw.framework_id)
+        return []
+
     def _kill_call(self, fw: Framework, kill: Call.Kill, message_id: str) -> list[Command]:
         task = self.tasks.get((fw.framework_id, kill.task_id))
         grace = kill.kill_grace_period_s if kill.HasField("kill_grace_period_s") else None
@@ -294,3 +315,26 @@ class FrameworkHandlers(MasterState):
             st = self._status(task_id, tasks.UNKNOWN, Reason.REASON_RECONCILIATION,
                               "the master does not know this task", agent_id)
         self._notify(fw.framework_id, st)
+
+
+def _demand(i: int, d: common_pb2.Demand) -> common_pb2.Demand:
+    """One demand, checked (ValueError says why) and normalised (resources merged, sorted,
+    role "*")."""
+    if not 1 <= d.count <= MAX_DEMAND_COUNT:
+        raise ValueError(f"demand {i}: count {d.count} must be 1 to {MAX_DEMAND_COUNT}")
+    if d.ports > MAX_DEMAND_PORTS:
+        raise ValueError(f"demand {i}: {d.ports} ports, at most {MAX_DEMAND_PORTS}")
+    if not d.resources:
+        raise ValueError(f"demand {i}: no resources")
+    for r in d.resources:
+        if not r.name or r.WhichOneof("value") != "scalar":
+            raise ValueError(f"demand {i}: resource {r.name!r} is not a named scalar (ports "
+                             "go in `ports`)")
+        if r.role not in ("", UNRESERVED):
+            raise ValueError(f"demand {i}: resource {r.name} is reserved for {r.role!r}; "
+                             "demands are unreserved")
+        if not (math.isfinite(r.scalar) and r.scalar > 0 and Resources.from_proto([r])):
+            raise ValueError(f"demand {i}: resource {r.name} is {r.scalar}; it must be a "
+                             "finite number of at least 0.001")
+    return common_pb2.Demand(resources=Resources.from_proto(d.resources).to_proto(),
+                             count=d.count, ports=d.ports)

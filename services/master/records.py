@@ -28,6 +28,11 @@ TaskKey = tuple[str, str]  # (framework_id, task_id)
 MAX_COMPLETED_TASKS = 1000  # terminal task records kept per framework (Mesos keeps 1000)
 MAX_REMOVED_FRAMEWORKS = 10_000  # ids remembered so their stragglers are shut down
 LOGS_TIMEOUT_S = 60.0  # a log request unanswered this long is answered with an error
+# A framework's REQUEST (its declared demand, FrameworkRecord.demands): at most this many
+# task shapes, each of at most this many tasks needing at most this many host ports.
+MAX_DEMANDS = 100
+MAX_DEMAND_COUNT = 100_000
+MAX_DEMAND_PORTS = 1000
 
 
 def us(t: float) -> int:
@@ -85,6 +90,10 @@ class Framework:
     # at least the re-register window, whatever its failover timeout (see failover_deadline).
     recovered: bool = False
     suppressed_roles: set[str] = field(default_factory=set)
+    # Its declared demand (REQUEST), normalised; empty = unknown. Kept while the master
+    # leads (across its scheduler's re-subscriptions), not in the registry: a framework
+    # re-subscribing to a new leader restates it.
+    demands: tuple[common_pb2.Demand, ...] = ()
     # Offers relayed to it and not yet used, declined or rescinded: id -> (agent, resources).
     # Changed only through add_offer / pop_offer / clear_offers, which keep `offered`, the
     # sum of their quantities, as `used` is (a record is published on every change: summing
@@ -130,7 +139,7 @@ class Framework:
             disconnected_at_us=0 if self.connected else us(self.disconnected_at),
             suppressed_roles=sorted(self.suppressed_roles),
             offered_resources=self.offered.to_proto(),
-            used_resources=self.used.to_proto())
+            used_resources=self.used.to_proto(), demands=self.demands)
 
 
 @dataclass

@@ -43,6 +43,7 @@ from services.master.registry import (
     StaleEpoch,
     registry_from_url,
 )
+from services.master.revocation import Revocations
 from services.master.view import BadQuery, StateView
 from services.shell.http import Direct, Response
 from services.shell.metrics import CONTENT_TYPE
@@ -124,6 +125,7 @@ class MasterShell(ServiceKit):
         self._broker: tuple[bytes, int] | None = None  # the broker's peer and epoch
         self._pending_publish: list[bus_pb2.StateEntry] = []
         self._staged: dict[tuple[str, str], float] = {}  # launch sent -> RUNNING, for latency
+        self._revocations_before = Revocations()  # the counts of earlier reigns' cores
         self._register_metrics()
         self._register_handlers()
         self.reactor.on_idle(self._flush)
@@ -150,6 +152,7 @@ class MasterShell(ServiceKit):
     def _begin_reign(self, epoch: int, recovered: dict[str, Any] | None) -> None:
         # Randomness lives here, not in the core: a fresh cluster id (kept only when the
         # registry has none) and an id prefix unique to this leadership.
+        self._end_core()
         self.core = MasterCore(
             self.config.master_id, epoch,
             agent_reregister_window_s=self.config.agent_reregister_window_s,
@@ -166,6 +169,23 @@ class MasterShell(ServiceKit):
         log.info("leading", epoch=epoch, cluster_id=self.core.cluster_id,
                  recovered_agents=len((recovered or {}).get("agents", {})),
                  recovered_frameworks=len((recovered or {}).get("frameworks", {})))
+
+    def _end_core(self) -> None:
+        """The reign's core goes: what it counted stays in the counters."""
+        if self.core is not None:
+            done, before = self.core.revocations, self._revocations_before
+            before.requested += done.requested
+            before.ignored += done.ignored
+            before.tasks_revoked += done.tasks_revoked
+        self.core = None
+
+    def _revocation_counts(self) -> Revocations:
+        """On an HTTP thread: the counts of every reign so far (ints, read as they are)."""
+        core, before = self.core, self._revocations_before
+        now = core.revocations if core is not None else Revocations()
+        return Revocations(requested=before.requested + now.requested,
+                           ignored=before.ignored + now.ignored,
+                           tasks_revoked=before.tasks_revoked + now.tasks_revoked)
 
     def _pause(self, reason: str) -> None:
         """Act on nothing (calls are held, no timer fires, the stream neither beats nor
@@ -186,7 +206,7 @@ class MasterShell(ServiceKit):
 
     def _step_down(self, reason: str) -> None:
         self.driver.detach()
-        self.core = None
+        self._end_core()
         self._pending_publish.clear()
         self._staged.clear()
         self.publisher.deactivate()
@@ -468,6 +488,15 @@ class MasterShell(ServiceKit):
                            "znode limit.", lambda: float(reg.refused))
         m.gauge("registry_pending", "Registry operations waiting or in flight.",
                 value=lambda: float(reg.pending))
+        counts = self._revocation_counts
+        m.labelled_counter("revocations", "Revocations the allocator asked for (RevokeResources), "
+                           "by outcome: requested (tasks chosen, the framework told) or ignored "
+                           "(one pending, unknown framework or agent, not enough tasks there).",
+                           "outcome", lambda: {"requested": float(counts().requested),
+                                               "ignored": float(counts().ignored)})
+        m.counter_function("tasks_revoked", "Tasks killed when a revocation's grace period "
+                           "passed (TASK_KILLED, REASON_TASK_REVOKED).",
+                           lambda: float(counts().tasks_revoked))
 
     # -- lifecycle -----------------------------------------------------------------------
     def close(self, linger_ms: int = 0) -> None:

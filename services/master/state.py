@@ -383,16 +383,19 @@ class MasterState:
     def _owners(self, task_id: str) -> set[str]:
         return self._task_ids.get(task_id, set())
 
-    def _kill(self, task: Task, grace: float | None) -> list[Command]:
+    def _kill(self, task: Task, grace: float | None,
+              reason: ReasonT = Reason.REASON_UNSPECIFIED, message: str = "kill requested",
+              ) -> list[Command]:
         """Ask the task's agent to kill it; the record goes TASK_KILLING (re-sent when an
-        unreachable agent comes back)."""
+        unreachable agent comes back). `reason` (REASON_TASK_REVOKED) goes to the agent,
+        which puts it on the TASK_KILLED update."""
         if task.state != tasks.KILLING:
             st = _copy(task.status)
             st.state = tasks.KILLING
             st.source = common_pb2.TaskStatus.SOURCE_MASTER
             st.uuid = b""
-            st.reason = Reason.REASON_UNSPECIFIED
-            st.message = "kill requested"
+            st.reason = reason
+            st.message = message
             st.timestamp_us = us(self._now)
             self._set_status(task, st)
         agent = self.agents.get(task.agent_id)
@@ -402,6 +405,8 @@ class MasterState:
             framework_id=task.framework_id, task_id=task.info.task_id))
         if grace is not None:
             ev.kill_task.kill_grace_period_s = grace
+        if reason:
+            ev.kill_task.reason = reason
         return [ToAgent(agent.peer, agent.agent_id, ev)]
 
     def _shutdown_framework(self, agent: Agent, framework_id: str, why: str) -> ToAgent | None:

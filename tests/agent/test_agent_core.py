@@ -173,6 +173,40 @@ def test_kill_before_the_executor_subscribes_is_delivered_on_subscribe() -> None
     assert events[-1].kill.kill_grace_period_s == 0.5
 
 
+def _killed_after(core: AgentCore, ex_id: str, kill: agent_pb2.AgentEvent.KillTask,
+                  ) -> common_pb2.TaskStatus:
+    """Kill t1 with `kill`, play the executor's TASK_KILLED: the update the master gets."""
+    subscribe(core, ex_id)
+    update(core, ex_id, "t1", S.TASK_RUNNING)
+    ack_all(core, 1.0)
+    [to_ex] = [c for c in durable(core, core.master_event(
+        agent_pb2.AgentEvent(kill_task=kill), 2.0), 2.0) if isinstance(c, ToExecutor)]
+    assert to_ex.event.WhichOneof("event") == "kill"
+    update(core, ex_id, "t1", S.TASK_KILLED, now=2.5)
+    [fwd] = [c for c in durable(core, core.tick(2.5), 2.5) if isinstance(c, ToMaster)]
+    [killed] = [u.status for u in fwd.call.status_updates.updates]
+    assert killed.state == S.TASK_KILLED
+    return killed
+
+
+def test_a_kill_with_a_reason_puts_it_on_the_killed_update() -> None:
+    """A revocation's kill (KillTask.reason = REASON_TASK_REVOKED): the framework learns
+    why from the TASK_KILLED update; a kill without a reason stays as it was."""
+    revoked = common_pb2.TaskStatus.REASON_TASK_REVOKED
+    core = AgentCore(info(), now=0.0)
+    registered(core)
+    ex_id = next(c for c in run_task(core, "t1") if isinstance(c, LaunchExecutor)).executor_id
+    killed = _killed_after(core, ex_id, agent_pb2.AgentEvent.KillTask(
+        framework_id=FW, task_id="t1", reason=revoked))
+    assert killed.reason == revoked
+    plain = AgentCore(info(), now=0.0)
+    registered(plain)
+    ex_id = next(c for c in run_task(plain, "t1") if isinstance(c, LaunchExecutor)).executor_id
+    killed = _killed_after(plain, ex_id, agent_pb2.AgentEvent.KillTask(
+        framework_id=FW, task_id="t1"))
+    assert killed.reason == common_pb2.TaskStatus.REASON_UNSPECIFIED
+
+
 def test_an_executor_that_dies_fails_its_task() -> None:
     core = AgentCore(info(), now=0.0)
     registered(core)

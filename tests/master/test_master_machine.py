@@ -1,11 +1,11 @@
 """The master core under random sequences (hypothesis): agents registering, going silent
 (and the master declaring them unreachable, then gone, then pruning them), coming back on their
 old connection or a new one, being declared gone; the master stalling; frameworks subscribing,
-failing over, timing out; launches, status updates, kills, acks, reconciliation, ticks, and
-master failovers. `validate()` holds after every step, commands only go to current
-connections, an agent that keeps beating is never declared unreachable (not even after the
-master stalled), and a master failover never kills or loses a task. Plus: random (malformed)
-protobuf input never raises."""
+failing over, timing out; launches, status updates, kills, acks, reconciliation, requests
+(demands), revocations, ticks, and master failovers. `validate()` holds after every step,
+commands only go to current connections, an agent that keeps beating is never declared
+unreachable (not even after the master stalled), and a master failover never kills or loses
+a task. Plus: random (malformed) protobuf input never raises."""
 
 from __future__ import annotations
 
@@ -101,6 +101,8 @@ class MasterMachine(RuleBasedStateMachine):
         for c in cmds:
             if isinstance(c, Notice) and c.kind in ("master_stalled", "gone_agents_pruned"):
                 event(c.kind)
+            elif isinstance(c, Notice) and c.kind == "revocation_ignored":
+                event(f"revocation ignored: {c.fields()['why'].split(' ')[0]}")
             elif isinstance(c, Reject) and c.code == bus_pb2.NOT_REGISTERED:
                 event("asked to re-register")
             elif isinstance(c, PersistRegistry):
@@ -132,6 +134,8 @@ class MasterMachine(RuleBasedStateMachine):
                         m.infos[key] = lt.task
                 elif kind == "kill_task":
                     key = (ev.kill_task.framework_id, ev.kill_task.task_id)
+                    if ev.kill_task.reason == common_pb2.TaskStatus.REASON_TASK_REVOKED:
+                        event("task revoked")
                     if key in m.tasks and not tasks.is_terminal(m.tasks[key]):
                         m.tasks[key] = TS.TASK_KILLED
                         replies.append((m, *key, TS.TASK_KILLED))
@@ -149,6 +153,12 @@ class MasterMachine(RuleBasedStateMachine):
                 if what != "error":
                     fw = self.core.frameworks[c.framework_id]
                     assert c.peer == fw.peer, f"{what} to a stale scheduler connection"
+                if what == "revoke":
+                    event("revocation told")
+                    for tid in c.event.revoke.task_ids:
+                        task = self.core.tasks[(c.framework_id, tid)]
+                        assert task.agent_id == c.event.revoke.agent_id
+                        assert not tasks.is_terminal(task.state)
                 if what == "update":
                     for s in c.event.update.statuses:
                         if not fw.partition_aware:
@@ -341,6 +351,37 @@ class MasterMachine(RuleBasedStateMachine):
             framework_event=Internal.FrameworkEvent(framework_id=s.fid, event=scheduler_pb2
             .SchedulerEvent(offers=scheduler_pb2.SchedulerEvent.Offers(offers=offers)))),
             self.now))
+
+    @rule(f=st.integers(0, 2), n=st.integers(0, 3), count=st.integers(0, 4),
+          cpus=st.sampled_from([0.5, 1.0, -1.0]))
+    def framework_requests(self, f: int, n: int, count: int, cpus: float) -> None:
+        """A REQUEST, good or bad (count 0, negative cpus): a bad one changes nothing."""
+        s = self.scheds[f]
+        fw = self.core.frameworks.get(s.fid)
+        if s.peer is None or fw is None or fw.peer != s.peer:
+            return
+        before = fw.demands
+        demands = [common_pb2.Demand(count=count, resources=[
+            common_pb2.Resource(name="cpus", scalar=cpus)]) for _ in range(n)]
+        self._call(s, request=Call.Request(demands=demands))
+        if n and (count == 0 or cpus < 0):
+            assert fw.demands == before
+        else:
+            assert [d.count for d in fw.demands] == [count] * n
+
+    @rule(pick=st.integers(0, 50), cpus=st.sampled_from([0.5, 1.5, 4.0]),
+          grace=st.sampled_from([0.0, 3.0, 30.0]))
+    def allocator_revokes(self, pick: int, cpus: float, grace: float) -> None:
+        """Aimed at a framework and agent with a live task (else at nobody: ignored)."""
+        live = sorted(k for k, t in self.core.tasks.items() if not tasks.is_terminal(t.state))
+        fid, aid = ("F?", "S?")
+        if live:
+            fid, aid = live[pick % len(live)][0], self.core.tasks[live[pick % len(live)]].agent_id
+        self.run(self.core.internal_message(b"broker", Internal(
+            revoke_resources=Internal.RevokeResources(
+                framework_id=fid, agent_id=aid, grace_s=grace,
+                resources=[common_pb2.Resource(name="cpus", scalar=cpus)],
+                for_framework_id="other", reason="below its share")), self.now))
 
     # -- time and the master itself ----------------------------------------------------
     @rule(dt=st.sampled_from([0.5, 5.0, 25.0, 40.0]))

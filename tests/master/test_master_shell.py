@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import zmq
 
-from schemas import agent_pb2, bus_pb2, common_pb2
+from schemas import agent_pb2, bus_pb2, common_pb2, internal_pb2
 from services.bus import codec
 from services.bus.peer import DealerClient, HeartbeatConfig, Sender
 from services.bus.reactor import Reactor
@@ -237,3 +237,31 @@ def test_a_stalled_master_declares_no_agent_that_kept_beating(master: MasterShel
         assert status(master, aid) == REGISTERED
     finally:
         agent.close()
+
+
+# -- revocation metrics --------------------------------------------------------------------
+
+
+def test_revocation_counts_are_exported_and_outlive_the_reign(tmp_path: Path) -> None:
+    master = master_on(tmp_path)
+    try:
+        lead(master)
+        core = master.core
+        assert core is not None
+        revoke = internal_pb2.InternalMessage(revoke_resources=internal_pb2.InternalMessage
+                                              .RevokeResources(framework_id="nobody",
+                                                               agent_id="nowhere"))
+        master.driver.step(lambda now: core.internal_message(b"broker", revoke, now))
+
+        def lines() -> list[str]:
+            text = master.metrics.exposition().decode()
+            return [ln for ln in text.splitlines() if "revo" in ln and not ln.startswith("#")]
+
+        assert 'offerbus_master_revocations_total{outcome="ignored"} 1.0' in lines()
+        assert 'offerbus_master_revocations_total{outcome="requested"} 0.0' in lines()
+        assert "offerbus_master_tasks_revoked_total 0.0" in lines()
+        master._step_down("test")  # a new reign's core starts at 0: the counter does not
+        assert master.core is None
+        assert 'offerbus_master_revocations_total{outcome="ignored"} 1.0' in lines()
+    finally:
+        master.close()
