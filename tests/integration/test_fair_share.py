@@ -3,7 +3,9 @@ separate processes, Docker containers), driven as an operator does, through the 
 
 - the DRF paper's example (one agent of 9 CPUs and 18 GB; greedy services A of <1 CPU, 4 GB>
   and B of <3 CPUs, 1 GB>, each wanting 10 instances) ends with A 3 and B 2, whichever
-  service starts first: the one that came first gives a task back (REASON_TASK_REVOKED);
+  service starts first: the one that came first gives a task back (REASON_TASK_REVOKED).
+  CPUs are scaled by 1/10 (0.9 CPUs, tasks of 0.1 and 0.3): Docker refuses a container more
+  CPUs than the machine has, and shares are ratios, so the allocation is the same;
 - with role weights 2:1 (`offerbus roles weight`), the weighted DRF allocation, as an
   independent progressive filling computes it;
 - a framework that sits on offers for every agent and answers none does not delay another
@@ -30,6 +32,11 @@ from tests.waiting import wait_for
 
 TAG = uuid.uuid4().hex[:6]
 OFFER_TIMEOUT = 60.0  # what a sitting framework would make others wait, without reclaims
+CPU_SCALE = 0.1  # Docker refuses a container more CPUs than the machine has
+
+
+def scaled(task: Resources) -> Resources:
+    return Resources.of(cpus=task.scalar("cpus") * CPU_SCALE, mem=task.scalar("mem"))
 
 
 def cli(cluster: Cluster, *args: str, timeout: float = 120) -> str:
@@ -79,7 +86,7 @@ def stop(cluster: Cluster, *names: str) -> None:
 def paper_cluster(zk: ZooKeeperServer, zk_admin: Any, tmp_path_factory: pytest.TempPathFactory,
                   docker_client: Any, busybox_image: str) -> Iterator[Cluster]:
     with local_cluster_in(zk, zk_admin, tmp_path_factory.mktemp("drf"), "drf", agents=1,
-                          agent_resources="cpus:9;mem:18432;disk:10240;ports:[42000-42099]",
+                          agent_resources="cpus:0.9;mem:18432;disk:10240;ports:[42000-42099]",
                           offer_timeout=OFFER_TIMEOUT) as c:
         yield c
 
@@ -87,7 +94,7 @@ def paper_cluster(zk: ZooKeeperServer, zk_admin: Any, tmp_path_factory: pytest.T
 @pytest.mark.parametrize("first", ["a", "b"])
 def test_drf_paper_example_whichever_starts_first(paper_cluster: Cluster, first: str) -> None:
     a, b = f"drfa{first}{TAG}", f"drfb{first}{TAG}"
-    spec = {"a": (a, A_TASK), "b": (b, B_TASK)}
+    spec = {"a": (a, scaled(A_TASK)), "b": (b, scaled(B_TASK))}
     second = "b" if first == "a" else "a"
     name, task = spec[first]
     run(paper_cluster, name, f"role-{first}", task, 10)
@@ -104,7 +111,7 @@ def test_drf_paper_example_whichever_starts_first(paper_cluster: Cluster, first:
 def big_cluster(zk: ZooKeeperServer, zk_admin: Any, tmp_path_factory: pytest.TempPathFactory,
                 docker_client: Any, busybox_image: str) -> Iterator[Cluster]:
     with local_cluster_in(zk, zk_admin, tmp_path_factory.mktemp("wdrf"), "wdrf", agents=1,
-                          agent_resources="cpus:18;mem:36864;disk:10240;ports:[42100-42199]",
+                          agent_resources="cpus:1.8;mem:36864;disk:10240;ports:[42100-42199]",
                           offer_timeout=OFFER_TIMEOUT) as c:
         yield c
 
@@ -112,12 +119,11 @@ def big_cluster(zk: ZooKeeperServer, zk_admin: Any, tmp_path_factory: pytest.Tem
 def test_weighted_drf_two_to_one(big_cluster: Cluster) -> None:
     a, b = f"wdrfa{TAG}", f"wdrfb{TAG}"
     cli(big_cluster, "roles", "weight", f"wa{TAG}", "2")
-    expect = progressive_filling(Resources.of(cpus=18, mem=36 * GB),
-                                 {a: (A_TASK, 2.0), b: (B_TASK, 1.0)})
-    assert expect != progressive_filling(Resources.of(cpus=18, mem=36 * GB),
-                                         {a: (A_TASK, 1.0), b: (B_TASK, 1.0)})
-    run(big_cluster, b, f"wb{TAG}", B_TASK, 20)
-    run(big_cluster, a, f"wa{TAG}", A_TASK, 20)
+    agent, ta, tb = Resources.of(cpus=1.8, mem=36 * GB), scaled(A_TASK), scaled(B_TASK)
+    expect = progressive_filling(agent, {a: (ta, 2.0), b: (tb, 1.0)})
+    assert expect != progressive_filling(agent, {a: (ta, 1.0), b: (tb, 1.0)})
+    run(big_cluster, b, f"wb{TAG}", tb, 20)
+    run(big_cluster, a, f"wa{TAG}", ta, 20)
     settle(big_cluster, (a, b), (expect[a], expect[b]))
     assert f"wa{TAG}" in cli(big_cluster, "roles")
     stop(big_cluster, a, b)
