@@ -46,8 +46,13 @@ def frameworks_named(state: Doc, name: str) -> list[str]:
             if f.get("framework_info", {}).get("name") == name]
 
 
-def name_in_use(name: str, state: Doc, spec_exists: bool) -> str | None:
-    """Why `run --name NAME` must be refused, or None when the name is free."""
+def name_in_use(name: str, state: Doc, spec_exists: bool,
+                process_alive: bool = True) -> str | None:
+    """Why `run --name NAME` must be refused, or None when it may go on: the name is free,
+    or it is this run dir's service whose framework process is gone (a machine restart):
+    `run` then resumes it (see `resuming`)."""
+    if spec_exists and not process_alive:
+        return None
     fids = frameworks_named(state, name)
     if fids:
         return (f"a framework named {name!r} is registered with the master "
@@ -55,6 +60,19 @@ def name_in_use(name: str, state: Doc, spec_exists: bool) -> str | None:
     if spec_exists:
         return f"a service named {name!r} exists in this run dir"
     return None
+
+
+def resuming(name: str, state: Doc, spec_exists: bool, process_alive: bool) -> str | None:
+    """What `run --name NAME` says when it resumes this run dir's service, whose framework
+    process is gone: its new process fails over with the framework's id (kept in the
+    service's status file), so its tasks that still run are its own again."""
+    if not spec_exists or process_alive:
+        return None
+    fids = frameworks_named(state, name)
+    known = (f"framework {', '.join(fids)} fails over to it" if fids else
+             "the master no longer knows its framework: it registers anew")
+    return (f"resuming service {name}: its framework process is not running (was the "
+            f"machine restarted?); a new one starts, and {known}")
 
 
 def service_query(name: str) -> str:
@@ -228,12 +246,18 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     run_dir = args.run_dir.resolve()
     url = cluster_url(args.cluster, args.run_dir)
     _, state = master_state(url, args.timeout)
-    used = name_in_use(args.name, state, service.spec_path(run_dir, args.name).exists())
+    proc_name = f"framework-{args.name}"
+    exists = service.spec_path(run_dir, args.name).exists()
+    alive = proc_name in cluster.running(run_dir)
+    used = name_in_use(args.name, state, exists, alive)
     if used:
         console.print(f"[red]offerbus: {used}.[/] Change its size with `offerbus scale "
                       f"{args.name} N`, or remove it with `offerbus stop {args.name}` "
                       f"first.", highlight=False)
         return EXIT_NAME_IN_USE
+    resume = resuming(args.name, state, exists, alive)
+    if resume:
+        console.print(resume, highlight=False)
     spec = service.ServiceSpec(
         name=args.name, image=args.image, instances=args.instances, cpus=args.cpus,
         mem=args.mem, command=args.cmd, constraints=args.constraint or [],
@@ -245,7 +269,6 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         spec_path = service.write_spec(run_dir, spec)
     except ValueError as exc:
         raise CliError(str(exc)) from exc
-    proc_name = f"framework-{args.name}"
     pid = cluster.spawn(run_dir, proc_name, [
         "-m", "frameworks.service", "--cluster", url, "--spec", str(spec_path)])
     console.print(f"framework {args.name} started (pid {pid}); spec {spec_path}")

@@ -60,11 +60,22 @@ def test_run_refuses_a_name_registered_with_the_master(cli: Any) -> None:
     assert cli.spawned == []
 
 
-def test_run_refuses_a_name_of_this_run_dir(cli: Any, tmp_path: Path) -> None:
+def test_run_refuses_a_name_of_this_run_dir(cli: Any, tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
     service.write_spec(tmp_path, service.ServiceSpec("web", "img", 1, 0.1, 32))
+    monkeypatch.setattr(lifecycle.cluster, "running", lambda run_dir: {"framework-web": 7})
     code, out = cli(state(), *RUN_WEB)
     assert code == 2 and "service named 'web' exists in this run dir" in out
     assert cli.spawned == []
+
+
+def test_run_resumes_this_run_dirs_service_whose_process_is_gone(cli: Any,
+                                                                 tmp_path: Path) -> None:
+    """After a machine restart: the spec and status file stay, the process is gone."""
+    service.write_spec(tmp_path, service.ServiceSpec("web", "img", 1, 0.1, 32))
+    code, out = cli(state({"fw-1": "web"}), *RUN_WEB)
+    assert code == 0 and "resuming service web" in out and "fw-1 fails over" in out
+    assert len(cli.spawned) == 1
 
 
 def test_run_with_a_free_name_starts_one_framework_with_its_spec(cli: Any,
@@ -127,6 +138,12 @@ def test_name_in_use_decision() -> None:
     assert lifecycle.name_in_use("web", state({"f": "db"}), False) is None
     assert "registered" in (lifecycle.name_in_use("web", state({"f": "web"}), False) or "")
     assert "run dir" in (lifecycle.name_in_use("web", state(), True) or "")
+    # this run dir's service whose framework process is gone (a machine restart): resumed
+    assert lifecycle.name_in_use("web", state({"f": "web"}), True, process_alive=False) is None
+    assert "fails over" in (lifecycle.resuming("web", state({"f": "web"}), True, False) or "")
+    assert "anew" in (lifecycle.resuming("web", state(), True, False) or "")
+    assert lifecycle.resuming("web", state({"f": "web"}), True, True) is None
+    assert lifecycle.resuming("web", state({"f": "web"}), False, False) is None
 
 
 def test_a_stalled_run_fails_saying_what_is_stuck(cli: Any, monkeypatch: pytest.MonkeyPatch,
