@@ -8,12 +8,23 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from bench import allocation, bus, failover, launch, memory, plot, scale, state, tracing
+from bench import (
+    allocation,
+    bus,
+    failover,
+    fairness,
+    launch,
+    memory,
+    plot,
+    scale,
+    state,
+    tracing,
+)
 
 BENCHES: dict[str, Callable[[], None]] = {
     "bus": bus.main, "launch": launch.main, "tracing": tracing.main, "failover": failover.main,
     "memory": memory.main, "state": state.main, "scale": scale.main,
-    "allocation": allocation.main, "plot": plot.main}
+    "allocation": allocation.main, "fairness": fairness.main, "plot": plot.main}
 
 
 def main(argv: list[str]) -> int:

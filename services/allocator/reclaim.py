@@ -4,7 +4,10 @@ tasks to revoke on which agent. The rules keep the outcome stable (no ping-pong)
 
 - a framework with declared demand whose next task fits nowhere reclaims from a holder whose
   weighted share is above what its own will be with that task; it revokes tasks only from a
-  holder that stays above it after giving them up (key(H - need) > key(N + task));
+  holder of declared demand that stays above it after giving them up, whole tasks of its
+  declared shape counted (key(H - tasks) >= key(N + task)): each revocation moves resources
+  from a higher share to a lower one without inverting them, so the sorted shares rise
+  and revocations end;
 - a framework of unknown demand that just arrived (fresh) reclaims one outstanding offer
   when the holder stays at or above it after the move (key(H - O) >= key(N + O)).
 
@@ -14,11 +17,11 @@ the reclaim's patience to pass."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from services.allocator.fill import covers, free_ports, key_with, minus, next_unit
+from services.allocator.fill import Shape, covers, free_ports, key_with, minus, next_unit
 from services.allocator.model import Reclaim, Revocation
 from services.allocator.sorter import scalar_vector
 from services.resources import UNRESERVED, Resources
@@ -29,6 +32,7 @@ if TYPE_CHECKING:
 # How long a reclaim of offers may take (rescind, recover, re-offer) before it is tried again;
 # a revocation waits its grace on top.
 RECLAIM_PATIENCE_S = 5.0
+EPS = 1e-9  # shares equal but for rounding (12/18 and 6/9) are equal
 
 
 @dataclass
@@ -100,11 +104,12 @@ def _for_declared(core: AllocatorCore, fid: str, claimed: set[tuple[str, str]], 
             need = minus(dict(unit.vector), have)
             for h in sorted(above, key=lambda h: -above[h]):
                 used = agent.used.get(h)
-                if (used is None or core.revoking(h, agent_id, now)
-                        or not covers(scalar_vector(used.for_role(role)), need)):
+                freed = _whole_tasks(fws[h].demands, need)
+                if (used is None or freed is None or core.revoking(h, agent_id, now)
+                        or not covers(scalar_vector(used.for_role(role)), freed)):
                     continue
                 held = sorter.allocation(h)
-                if key_with(held, need, -1, total, sorter.dominant(h)[2]) > after:
+                if key_with(held, freed, -1, total, sorter.dominant(h)[2]) >= after - EPS:
                     revoke = (agent_id, picked, h, need)
                     break
     if revoke is not None:
@@ -147,6 +152,21 @@ def _for_newcomer(core: AllocatorCore, fid: str, claimed: set[tuple[str, str]],
                          f"below its share")
                 out.said[fid] = f"reclaiming offers of {h} on {agent_id}"
                 return
+
+
+def _whole_tasks(demands: Sequence[Shape], need: Mapping[str, int]) -> dict[str, int] | None:
+    """What killing whole tasks to free `need` frees, estimated from the holder's declared
+    task shape (the largest): tasks are killed whole, so a holder gives back more than
+    asked, and the rule that it stays above the claimant must count that. None for a holder
+    of unknown demand: its task sizes are unknown, so its tasks are not revoked."""
+    if not demands:
+        return None
+    shape = max(demands, key=lambda d: sorted(d.vector.values(), reverse=True))
+    n = max((-(-v // shape.vector[k]) if shape.vector.get(k) else 0 for k, v in need.items()),
+            default=0)
+    if any(v > 0 and not shape.vector.get(k) for k, v in need.items()):
+        return None  # its tasks hold none of what is needed
+    return {k: v * n for k, v in shape.vector.items()}
 
 
 def _reclaim(out: Plan, claimed: set[tuple[str, str]], holders: list[str], agent_id: str,

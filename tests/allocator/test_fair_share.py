@@ -3,97 +3,26 @@ NSDI 2011: one agent of 9 CPUs and 18 GB; A runs <1 CPU, 4 GB> tasks, B <3 CPUs,
 DRF gives A 3 tasks and B 2) whichever framework starts first, weighted DRF, reclaiming a
 sitting framework's offers for a newcomer, and revocation. The frameworks are simulated
 greedy schedulers: they launch as many tasks of their shape as their offers hold, up to
-what they want; the "master" kills the youngest tasks a revocation names."""
+what they want; the "master" kills the youngest tasks a revocation names (bench/drf.py)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import pytest
 
-from services.allocator.core import AllocatorCore, Cycle
+from bench.drf import GreedyCluster
+from services.allocator.core import AllocatorCore
 from services.allocator.fill import Shape
 from services.resources import Resources
 from tests.fairness import A_TASK, B_TASK, GB, PAPER_AGENT, progressive_filling
 
 
-@dataclass
-class Greedy:
-    fid: str
-    task: Resources
-    want: int
-    tasks: list[tuple[str, int]] = field(default_factory=list)  # (agent, seq), oldest first
-
-
-class Cluster:
-    """The core plus greedy frameworks, a broker and a master reduced to what they do."""
-
-    def __init__(self, agents: dict[str, Resources], grace: float | None = 5.0) -> None:
-        self.core = AllocatorCore(revocation_grace_s=grace)
-        for aid, total in agents.items():
-            self.core.agent_added(aid, aid, total)
-        self.fws: dict[str, Greedy] = {}
-        self.now = 0.0
-        self.seq = 0
-        self.reclaims = 0
-        self.revoked = 0
-
-    def add(self, fid: str, task: Resources, want: int, weight: float = 1.0,
-            declare: bool = True) -> None:
-        self.core.set_weight(fid, weight)
-        self.core.framework_added(fid, role=fid)
-        if declare:
-            self.core.demand(fid, [Shape.of(task, want)])
-        self.fws[fid] = Greedy(fid, task, want)
-
-    def count(self, fid: str) -> int:
-        return len(self.fws[fid].tasks)
-
-    def settle(self, rounds: int = 40) -> None:
-        for _ in range(rounds):
-            cycle = self.core.allocate(self.now)
-            self.core.validate()
-            self._answer(cycle)
-            self.core.validate()
-            if not (cycle.allocations or cycle.reclaims or cycle.revocations):
-                deadline = self.core.next_deadline(self.now)
-                if deadline is None:
-                    return
-                self.now = deadline
-            self.now += 0.1
-        raise AssertionError("did not settle")
-
-    def _answer(self, cycle: Cycle) -> None:
-        for r in cycle.reclaims:  # the broker rescinds: no filter
-            self.reclaims += 1
-            held = self.core.agents[r.agent_id].offered.get(r.framework_id)
-            if held is not None:
-                self.core.recover(r.agent_id, r.framework_id, held, 0, self.now)
-        for a in cycle.allocations:
-            fw = self.fws[a.framework_id]
-            left = a.resources
-            while len(fw.tasks) < fw.want and left.contains(fw.task):
-                left -= fw.task
-                self.seq += 1
-                fw.tasks.append((a.agent_id, self.seq))
-                self.core.resources_used(a.agent_id, fw.fid, fw.task)
-            if left:  # greedy schedulers decline the rest, with a short filter
-                self.core.recover(a.agent_id, fw.fid, left, 1.0, self.now)
-        for rv in cycle.revocations:  # the master kills the youngest tasks covering it
-            fw = self.fws[rv.framework_id]
-            freed = Resources()
-            for t in sorted((t for t in fw.tasks if t[0] == rv.agent_id),
-                            key=lambda t: -t[1]):
-                if freed.quantities().contains(rv.resources):
-                    break
-                fw.tasks.remove(t)
-                freed += fw.task
-                self.revoked += 1
-                self.core.resources_released(rv.agent_id, fw.fid, fw.task)
-
-
 def paper(grace: float | None = 5.0) -> Cluster:
     return Cluster({"agent-1": PAPER_AGENT}, grace)
+
+
+class Cluster(GreedyCluster):
+    def settle(self, rounds: int = 40, validate: bool = True) -> None:
+        super().settle(rounds, validate)
 
 
 def test_both_at_once_drf_gives_a_three_and_b_two() -> None:
