@@ -7,6 +7,9 @@ same run (their order rotated too):
 - `demand`: frameworks declare their task shape (REQUEST): progressive filling, no revocation;
 - `offerbus`: demand and revocation (what a framework holds beyond its share goes back).
 
+Each scenario runs with frameworks arriving one after another (settled in between: the
+first takes all it can) and all at once ("together").
+
 Deviation = |dominant share - DRF's| / DRF's, per framework; the table shows the worst and
 the mean over frameworks (median over trials), tasks revoked, cycles to settle and the
 time of one cycle. The reference is bench/drf.py's progressive filling (first fit across
@@ -45,14 +48,19 @@ def scenarios() -> dict[str, tuple[dict[str, Resources], dict[str, tuple[Resourc
     }
 
 
+TOGETHER = " together"  # a scenario name ending so: all frameworks arrive at once
+
+
 def run_one(peer: str, agents: dict[str, Resources], fws: dict[str, tuple[Resources, float]],
-            order: list[str]) -> dict[str, Any]:
+            order: list[str], together: bool = False) -> dict[str, Any]:
     cluster = GreedyCluster(agents, grace=5.0 if peer == "offerbus" else None)
     started = time.perf_counter()
     for fid in order:
         task, weight = fws[fid]
         cluster.add(fid, task, WANT, weight, declare=peer != "mesos")
-        cluster.settle(rounds=5000, quiet=QUIET)
+        if not together:
+            cluster.settle(rounds=5000, quiet=QUIET)
+    cluster.settle(rounds=5000, quiet=QUIET)
     elapsed = time.perf_counter() - started
     total = Resources.total(agents.values())
     ref = progressive_filling(agents, fws)
@@ -67,21 +75,30 @@ def run_one(peer: str, agents: dict[str, Resources], fws: dict[str, tuple[Resour
             "cycle_ms": elapsed / max(cluster.cycles, 1) * 1e3}
 
 
+def all_scenarios() -> dict[str, Any]:
+    """Each scenario twice: frameworks arriving one after another, and all at once."""
+    out: dict[str, Any] = {}
+    for name, sc in scenarios().items():
+        out[name] = sc
+        out[name + TOGETHER] = sc
+    return out
+
+
 def main(trials: int = 6) -> None:
     rows: list[dict[str, Any]] = []
-    for name, (agents, fws) in scenarios().items():
+    for name, (agents, fws) in all_scenarios().items():
         names = sorted(fws)
         for t in range(trials):
             order = names[t % len(names):] + names[:t % len(names)]  # arrival rotated
             peers = PEERS[t % len(PEERS):] + PEERS[:t % len(PEERS)]  # who runs first too
             for peer in peers:
-                r = run_one(peer, agents, fws, order)
+                r = run_one(peer, agents, fws, order, name.endswith(TOGETHER))
                 rows.append({"scenario": name, "peer": peer, "trial": t, "order": order, **r})
             report.progress(f"{name}: trial {t + 1}/{trials}")
-    print(f"\n{'scenario':26} {'peer':9} {'max dev':>8} {'mean dev':>9} {'vs mesos':>9} "
+    print(f"\n{'scenario':35} {'peer':9} {'max dev':>8} {'mean dev':>9} {'vs mesos':>9} "
           f"{'revoked':>8} {'cycles':>7} {'cycle ms':>9}  counts (DRF)")
     summary: dict[str, dict[str, dict[str, float]]] = {}
-    for name in scenarios():
+    for name in all_scenarios():
         base = None
         for peer in PEERS:
             mine = [r for r in rows if r["scenario"] == name and r["peer"] == peer]
@@ -93,7 +110,7 @@ def main(trials: int = 6) -> None:
             last = mine[-1]
             counts = " ".join(f"{f}:{last['counts'][f]}({last['drf'][f]})"
                               for f in sorted(last["counts"]))
-            print(f"{name:26} {peer:9} {s['max_dev']:8.1%} {s['mean_dev']:9.1%} {ratio:>9} "
+            print(f"{name:35} {peer:9} {s['max_dev']:8.1%} {s['mean_dev']:9.1%} {ratio:>9} "
                   f"{s['revoked']:8.0f} {s['cycles']:7.0f} {s['cycle_ms']:9.2f}  {counts}")
     path = report.write("fairness", {"trials": trials, "peers": list(PEERS),
                                      "summary": summary, "runs": rows})

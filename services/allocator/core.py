@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 from services.allocator.cycle import visit
 from services.allocator.decide import decide
-from services.allocator.fill import Shape, next_unit, take_unit, usable
+from services.allocator.fill import Shape, add_into, next_unit, take_unit, usable
 from services.allocator.filters import DeclineFilters
 from services.allocator.model import (
     Agent,
@@ -128,6 +128,7 @@ class AllocatorCore:
                 framework_id, NOTHING)
             self.sorter.unallocated(framework_id, held)
             fw = self.frameworks[framework_id]
+            add_into(fw.offered, agent.offered.get(framework_id, NOTHING), -1)
             fw.agents.discard(agent_id)
             self._touched.add(framework_id)
             if fw.demands:  # it holds less: an idle agent may now fit its next task
@@ -238,6 +239,7 @@ class AllocatorCore:
                 f"agent {agent_id}: framework {framework_id} uses {resources} but only "
                 f"{agent.free} is free and {offered} offered to it")
         _set(agent.offered, framework_id, offered - from_offer)
+        add_into(fw.offered, from_offer, -1)
         agent.used[framework_id] = agent.used.get(framework_id, NOTHING) + resources
         fw.agents.add(agent_id)
         self._touched.add(framework_id)
@@ -390,6 +392,18 @@ class AllocatorCore:
         touched.update(out.said)
         return out
 
+    def demand_held(self, fid: str, agent: Agent) -> dict[str, int]:
+        """What counts against a framework's declared demand when filling `agent`: what
+        its tasks use, and what it is offered on this agent (not elsewhere: a framework
+        sees every agent it may use, up to its demand on each, and places its tasks)."""
+        held = dict(self.sorter.allocation(fid))
+        for n, v in self.frameworks[fid].offered.items():
+            held[n] -= v
+        offered = agent.offered.get(fid)
+        if offered is not None:
+            add_into(held, offered)
+        return held
+
     def allocatable(self, r: Resources) -> bool:
         """Worth offering: at least MIN_CPUS or MIN_MEM."""
         return self._allocatable(r)
@@ -423,6 +437,8 @@ class AllocatorCore:
                    resources: Resources) -> None:
         fid = fw.framework_id
         _set(held, fid, held[fid] - resources)
+        if held is agent.offered:
+            add_into(fw.offered, resources, -1)
         agent.free = agent.free + resources if agent.free else resources
         if fid not in agent.offered and fid not in agent.used:
             fw.agents.discard(agent.agent_id)
@@ -471,6 +487,9 @@ class AllocatorCore:
                                              or fid in self.agents[a].used)
                        for a in fw.agents), f"{fid}: stale agents {fw.agents}"
             assert dict(self.sorter.allocation(fid)) == scalar_vector(held[fid]), fid
+            offered = Resources.total(self.agents[a].offered[fid] for a in fw.agents
+                                      if fid in self.agents[a].offered)
+            assert fw.offered == scalar_vector(offered), (fid, fw.offered, offered)
         self.filters.validate(self.agents, self.frameworks)
         self.sorter.validate()
         self._validate_incremental()
@@ -492,7 +511,7 @@ class AllocatorCore:
                     continue
                 offer = usable(agent.free, fw.role)
                 if fw.demands and self._allocatable(offer):
-                    unit = next_unit(fw.demands, self.sorter.allocation(fid))
+                    unit = next_unit(fw.demands, self.demand_held(fid, agent))
                     take = None if unit is None else take_unit(offer, unit, fw.role)
                     offer = NOTHING if take is None else take
                 flts = self.filters.on(agent_id).get(fid, ())

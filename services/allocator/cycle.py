@@ -8,7 +8,7 @@ from bisect import bisect_left, insort
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from services.allocator.fill import headroom, next_unit, refusal, take_unit, usable
+from services.allocator.fill import add_into, headroom, next_unit, refusal, take_unit, usable
 from services.allocator.model import Agent, Allocation, Framework, Notes
 from services.resources import Resources
 
@@ -85,7 +85,7 @@ def _fill(core: AllocatorCore, agent: Agent, lists: tuple[Order, Order], fresh: 
             note.no_fit += 1
             take = None
         elif fw.demands:
-            unit = next_unit(fw.demands, sorter.allocation(fid))
+            unit = next_unit(fw.demands, core.demand_held(fid, agent))
             whole = False
             if unit is None:
                 note.demand_met, take = True, None
@@ -144,7 +144,7 @@ def _next_declared(core: AllocatorCore, cands: Order, i: int, done: set[str], ag
         if not core._allocatable(offer):
             continue
         if fw.demands:
-            unit = next_unit(fw.demands, core.sorter.allocation(fid))
+            unit = next_unit(fw.demands, core.demand_held(fid, agent))
             take = None if unit is None else take_unit(offer, unit, fw.role)
             if take is None:
                 continue
@@ -159,6 +159,7 @@ def _hold(core: AllocatorCore, agent: Agent, fw: Framework, take: Resources) -> 
     fid = fw.framework_id
     held = agent.offered.get(fid)
     agent.offered[fid] = take if held is None else held + take
+    add_into(fw.offered, take)
     agent.free = NOTHING if take is agent.free else agent.free - take
     fw.agents.add(agent.agent_id)
     core.sorter.allocated(fid, take)

@@ -68,9 +68,9 @@ def decide(core: AllocatorCore, fw: Framework, note: Notes | None, any_offered: 
                       f"(its share {share.key:.3f})")
         elif note.unfit is not None:
             outcome = Outcome.NO_FIT
-            reason = (f"its next declared task <{note.unfit.resources}> fits no free "
-                      f"resources of role {fw.role} or '*', and no framework above its "
-                      f"share holds any it could reclaim")
+            reason = (f"no offer fits its next declared task <{note.unfit.resources}>: no "
+                      f"agent has that free for role {fw.role} or '*', and no framework "
+                      f"above its share holds any it could reclaim")
         else:
             outcome = Outcome.NO_FIT
             reason = (f"no agent has free resources of role {fw.role} or '*' above "

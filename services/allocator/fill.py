@@ -126,6 +126,16 @@ def key_with(held: Vector, delta: Vector, sign: int, total: Vector, weight: floa
     return best / weight
 
 
+def add_into(into: dict[str, int], resources: Resources, sign: int = 1) -> None:
+    """into += (sign=1) or -= (sign=-1) the DRF scalars of `resources`; zeros dropped."""
+    for n, v in scalar_vector(resources).items():
+        left = into.get(n, 0) + sign * v
+        if left:
+            into[n] = left
+        else:
+            into.pop(n, None)
+
+
 def covers(have: Vector, need: Vector) -> bool:
     return all(have.get(n, 0) >= v for n, v in need.items() if v > 0)
 

@@ -50,6 +50,7 @@ class Framework:
     suppressed_roles: set[str] = field(default_factory=set)
     agents: set[str] = field(default_factory=set)  # where it holds offered or used resources
     demands: tuple[Shape, ...] = ()  # declared (REQUEST); empty = unknown, offered as Mesos
+    offered: dict[str, int] = field(default_factory=dict)  # DRF scalars of its offers, milli
 
     @property
     def suppressed(self) -> bool:

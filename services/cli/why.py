@@ -243,9 +243,11 @@ def _service_of(task_id: str, statuses: dict[str, Doc], state: Doc) -> str | Non
 
 
 def explain_task(task_id: str, state: Doc, spans: list[Span],
-                 statuses: dict[str, Doc]) -> list[str]:
+                 statuses: dict[str, Doc], decisions: list[Doc] | None = None,
+                 now: float | None = None) -> list[str]:
     """Sentences on a task: its state and place if the master knows it, else why its
-    framework has not launched it (declines, the service's pending reason)."""
+    framework has not launched it (the allocator's decision on it, its declines, the
+    service's pending reason)."""
     hosts = {a["agent_info"].get("agent_id"): a["agent_info"].get("hostname", "")
              for a in state.get("agents", [])}
     known = [t for t in state.get("tasks", []) if t["task_info"]["task_id"] == task_id]
@@ -265,6 +267,8 @@ def explain_task(task_id: str, state: Doc, spans: list[Span],
     out.append(f"The master does not know task {task_id}: its framework has not launched it"
                + (f" (service {service} has it pending)." if service else "."))
     fids = {fid for fid, name in _fw_names(state).items() if service and name == service}
+    out.extend(decision_sentence(d, decisions or [], state, spans, now)
+               for d in decisions or [] if d.get("framework_id") in fids)
     found = declines(spans, fids, {service} if service else set(), task_id)
     out.extend(decline_sentences(found, spans, f"framework {service or '?'}"))
     doc = statuses.get(service or "")
@@ -285,7 +289,7 @@ def explain(target: str, decisions: list[Doc] | None, state: Doc, spans: list[Sp
     fid = resolve_framework(target, state, decisions or [])
     if fid is not None:
         return explain_framework(fid, decisions, state, spans, now)
-    return explain_task(target, state, spans, statuses)
+    return explain_task(target, state, spans, statuses, decisions, now)
 
 
 # -- the thin layer -----------------------------------------------------------------------
@@ -320,9 +324,12 @@ def cmd_why(args: argparse.Namespace, console: Console) -> int:
     url = cluster_url(args.cluster, args.run_dir)
     _, state = master_state(url, args.timeout)
     fid = resolve_framework(args.target, state)
+    statuses = load_statuses(args.run_dir / "frameworks")
+    if fid is None:  # a task: the allocator's decision on its service's framework
+        service = _service_of(args.target, statuses, state)
+        fid = resolve_framework(service, state) if service else None
     decisions = fetch_decisions(url, fid, args.timeout) if fid else []
     spans = load_spans(args.traces or traces_dir(args.run_dir))
-    statuses = load_statuses(args.run_dir / "frameworks")
     for sentence in explain(args.target, decisions, state, spans, statuses, time.time()):
         console.print(sentence, highlight=False)
     return 0

@@ -177,3 +177,27 @@ def test_revocations_end_with_many_shapes_arriving_one_by_one() -> None:
     drf = drf_filling(agents, {f: (t, 1.0) for f, t in fws.items()})
     for fid in fws:
         assert abs(c.count(fid) - drf[fid]) <= max(3, drf[fid] // 5), (fid, c.count(fid), drf)
+
+
+def test_declared_demand_is_offered_on_every_agent_it_fits() -> None:
+    """A framework sees every agent its next tasks fit (up to its demand on each) and
+    places them itself (spread, hostname:unique); what counts against its demand on an
+    agent is what it runs and is offered there."""
+    core = AllocatorCore()
+    for i in range(3):
+        core.agent_added(f"agent-{i}", f"h{i}", Resources.of(cpus=4, mem=4 * GB))
+    core.framework_added("svc", "*")
+    core.demand("svc", [Shape.of(Resources.of(cpus=1, mem=256), 2)])
+    cycle = core.allocate(0.0)
+    core.validate()
+    assert sorted(a.agent_id for a in cycle.allocations) == ["agent-0", "agent-1", "agent-2"]
+    assert all(a.resources.same(Resources.of(cpus=2, mem=512)) for a in cycle.allocations)
+    core.resources_used("agent-0", "svc", Resources.of(cpus=1, mem=256))
+    core.resources_used("agent-1", "svc", Resources.of(cpus=1, mem=256))
+    for a in cycle.allocations:  # the rest declined without a filter
+        left = core.agents[a.agent_id].offered.get("svc")
+        if left is not None:
+            core.recover(a.agent_id, "svc", left, 0, 0.1)
+    assert not core.allocate(0.2).allocations  # its two tasks run: demand met
+    assert core.decisions["svc"].outcome.name == "DEMAND_MET"
+    core.validate()
