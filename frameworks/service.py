@@ -548,6 +548,7 @@ def main(argv: list[str] | None = None) -> int:
                     instances=len(scheduler.instances))
     info.capabilities.append(common_pb2.FrameworkInfo.CAPABILITY_PARTITION_AWARE)
     driver = SchedulerDriver(scheduler, info, args.cluster)
+    failing_over = bool(info.framework_id)
     stop = threading.Event()
     teardown = threading.Event()
 
@@ -560,7 +561,20 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signum, on_signal)
     driver.start()
     mtime = args.spec.stat().st_mtime
-    while not stop.wait(0.5) and not scheduler.finished.is_set():  # spec file: scaling
+    while not stop.wait(0.5):  # spec file: scaling
+        if scheduler.finished.is_set():
+            if not (failing_over and not scheduler.framework_id):
+                break
+            # It failed over to a framework the master removed while no process of this
+            # service ran (its failover timeout passed): the service goes on as a new one.
+            failing_over = False
+            driver.join(10)
+            logger.info("registering anew", name=spec.name)
+            scheduler.finished.clear()
+            scheduler.removed = ""
+            info.ClearField("framework_id")
+            driver = SchedulerDriver(scheduler, info, args.cluster)
+            driver.start()
         try:
             now_mtime = args.spec.stat().st_mtime
         except FileNotFoundError:

@@ -15,14 +15,18 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from infra.zookeeper import ZooKeeperServer
+from schemas import operator_pb2
 from services.cli import cluster as local_cluster
+from services.cli.client import master_state, operator_call
 from services.executor.runtime import LABEL_CLUSTER
 from services.procs import cmdline
 from tests.e2e import Cluster, local_cluster_in
 from tests.waiting import wait_for
 
-NAME = f"again{uuid.uuid4().hex[:6]}"
+NAME = f"again{uuid.uuid4().hex[:6]}"  # one per run; each test has its own cluster
 
 
 def cli(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
@@ -56,9 +60,12 @@ def power_off(run_dir: Path, cluster_id: str, docker_client: Any) -> int:
     return killed
 
 
+@pytest.mark.parametrize("removed", [False, True], ids=["framework-kept", "framework-removed"])
 def test_run_again_after_a_machine_restart_resumes_the_service(
         zk: ZooKeeperServer, zk_admin: Any, tmp_path: Path, docker_client: Any,
-        busybox_image: str) -> None:
+        busybox_image: str, removed: bool) -> None:
+    """framework-removed: the master removed the framework while it was down (its failover
+    timeout passed, here an operator's teardown): the resumed process registers anew."""
     with local_cluster_in(zk, zk_admin, tmp_path / "run", "restart", agents=1,
                           agent_resources="cpus:2;mem:1024;disk:1024;ports:[42200-42299]"
                           ) as c:
@@ -74,6 +81,12 @@ def test_run_again_after_a_machine_restart_resumes_the_service(
         local_cluster.up(local_cluster.UpOptions(
             run_dir=c.run_dir, cluster_url=c.url, agents=1, timeout=60,
             agent_resources="cpus:2;mem:1024;disk:1024;ports:[42200-42299]"))
+        (fw,) = [f for f in c.state()["frameworks"] if f["framework_info"]["name"] == NAME]
+        if removed:
+            call = operator_pb2.OperatorCall()
+            call.teardown_framework.framework_id = fw["framework_info"]["framework_id"]
+            leader, _ = master_state(c.url)
+            operator_call(leader, call)
         again = cli(c, *run)
         assert again.returncode == 0, again.stdout + again.stderr
         assert "resum" in again.stdout, again.stdout
