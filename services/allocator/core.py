@@ -243,6 +243,8 @@ class AllocatorCore:
         agent.used[framework_id] = agent.used.get(framework_id, NOTHING) + resources
         fw.agents.add(agent_id)
         self._touched.add(framework_id)
+        if fw.demands:  # what it runs counts on every agent: its next shape may change
+            self._fresh.add(framework_id)
         if from_free:
             agent.free -= from_free
             self.sorter.allocated(framework_id, from_free)
@@ -418,13 +420,17 @@ class AllocatorCore:
         return cpus >= self.min_cpus or mem >= self.min_mem
 
     def idle_filtered(self, fw: Framework) -> list[tuple[str, float]]:
-        """(agent, filter expiry) of the idle agents whose free resources of its role the
-        framework's filters refuse (why it is offered nothing there), in the order agents
-        were added."""
+        """(agent, filter expiry) of the idle agents whose free resources of its role (its
+        next declared task, if it declared demand) the framework's filters refuse (why it
+        is offered nothing there), in the order agents were added."""
         out = []
         for agent_id, flts in self.filters.of(fw.framework_id):
             if agent_id in self._idle:
-                offer = usable(self.agents[agent_id].free, fw.role)
+                agent = self.agents[agent_id]
+                offer = usable(agent.free, fw.role)
+                if fw.demands and self._allocatable(offer):  # what it would be offered
+                    unit = next_unit(fw.demands, self.demand_held(fw.framework_id, agent))
+                    offer = (None if unit is None else take_unit(offer, unit, fw.role)) or NOTHING
                 if self._allocatable(offer):
                     until = max((f.expires_at for f in flts if f.refuses(offer, -math.inf)),
                                 default=None)

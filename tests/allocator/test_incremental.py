@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from services.allocator.core import AllocatorCore, Cycle, Outcome
+from services.allocator.core import Agent, AllocatorCore, Cycle, Framework, Outcome
 from services.allocator.fill import Shape, next_unit, take_unit
 from services.resources import Resources
 from tests.allocator.test_allocator_core import ROLES, agent_totals
@@ -161,6 +161,16 @@ def _plain(cycle: Cycle) -> list[tuple[str, ...]]:
         ("revoke", r.framework_id, r.agent_id, str(r.resources)) for r in cycle.revocations]
 
 
+def _fits(core: AllocatorCore, fw: Framework, agent: Agent) -> bool:
+    """Whether the agent's free resources hold what the framework would be offered (its
+    next declared task, counting what it runs and is offered there)."""
+    free = agent.free.for_role(fw.role)
+    if not fw.demands:
+        return core._allocatable(free)
+    unit = next_unit(fw.demands, core.demand_held(fw.framework_id, agent))
+    return bool(unit and take_unit(free, unit, fw.role))
+
+
 # -- the same random events to an incremental and a full-scan core --------------------------
 
 
@@ -277,11 +287,7 @@ class IncrementalMachine(RuleBasedStateMachine):
                 assert d.framework_id in self.inc.filters and d.agents_filtered > 0
             if d.outcome is Outcome.NO_FIT:
                 fw = self.inc.frameworks[d.framework_id]
-                unit = next_unit(fw.demands, self.inc.sorter.allocation(fw.framework_id))
-                assert not any(
-                    take_unit(a.free.for_role(d.role), unit, d.role) if unit else
-                    self.inc._allocatable(a.free.for_role(d.role))
-                    for a in self.inc.agents.values()), d
+                assert not any(_fits(self.inc, fw, a) for a in self.inc.agents.values()), d
         for d in ci.decisions:  # standing: what a full scan says of offers and eligibility
             full = by_full[d.framework_id].outcome
             if d.outcome in (Outcome.INACTIVE, Outcome.SUPPRESSED) or full in (
