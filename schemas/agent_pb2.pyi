@@ -623,6 +623,30 @@ class AgentEvent(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class CheckpointResources(_message.Message):
+        """The agent's total with its reservations, after an ACCEPT that reserved or unreserved
+        (or when it re-registered without the master's last word). The agent checkpoints it in
+        its work dir and reports it as its resources from then on (its flags are the base: a
+        checkpoint of other quantities per resource name is ignored, with a warning).
+        """
+
+        DESCRIPTOR: _descriptor.Descriptor
+
+        RESOURCES_FIELD_NUMBER: _builtins.int
+        @_builtins.property
+        def resources(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Resource]: ...
+        def __init__(
+            self,
+            *,
+            resources: _abc.Iterable[_common_pb2.Resource] | None = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["resources", b"resources"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     REGISTERED_FIELD_NUMBER: _builtins.int
     REREGISTERED_FIELD_NUMBER: _builtins.int
     RUN_TASKS_FIELD_NUMBER: _builtins.int
@@ -632,6 +656,7 @@ class AgentEvent(_message.Message):
     SHUTDOWN_FRAMEWORK_FIELD_NUMBER: _builtins.int
     SHUTDOWN_FIELD_NUMBER: _builtins.int
     LOGS_REQUEST_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_RESOURCES_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def registered(self) -> Global___AgentEvent.Registered: ...
     @_builtins.property
@@ -650,6 +675,8 @@ class AgentEvent(_message.Message):
     def shutdown(self) -> Global___AgentEvent.Shutdown: ...
     @_builtins.property
     def logs_request(self) -> Global___AgentEvent.LogsRequest: ...
+    @_builtins.property
+    def checkpoint_resources(self) -> Global___AgentEvent.CheckpointResources: ...
     def __init__(
         self,
         *,
@@ -662,12 +689,13 @@ class AgentEvent(_message.Message):
         shutdown_framework: Global___AgentEvent.ShutdownFramework | None = ...,
         shutdown: Global___AgentEvent.Shutdown | None = ...,
         logs_request: Global___AgentEvent.LogsRequest | None = ...,
+        checkpoint_resources: Global___AgentEvent.CheckpointResources | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["acknowledgements", b"acknowledgements", "event", b"event", "kill_task", b"kill_task", "logs_request", b"logs_request", "reconcile", b"reconcile", "registered", b"registered", "reregistered", b"reregistered", "run_tasks", b"run_tasks", "shutdown", b"shutdown", "shutdown_framework", b"shutdown_framework"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["acknowledgements", b"acknowledgements", "checkpoint_resources", b"checkpoint_resources", "event", b"event", "kill_task", b"kill_task", "logs_request", b"logs_request", "reconcile", b"reconcile", "registered", b"registered", "reregistered", b"reregistered", "run_tasks", b"run_tasks", "shutdown", b"shutdown", "shutdown_framework", b"shutdown_framework"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acknowledgements", b"acknowledgements", "event", b"event", "kill_task", b"kill_task", "logs_request", b"logs_request", "reconcile", b"reconcile", "registered", b"registered", "reregistered", b"reregistered", "run_tasks", b"run_tasks", "shutdown", b"shutdown", "shutdown_framework", b"shutdown_framework"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acknowledgements", b"acknowledgements", "checkpoint_resources", b"checkpoint_resources", "event", b"event", "kill_task", b"kill_task", "logs_request", b"logs_request", "reconcile", b"reconcile", "registered", b"registered", "reregistered", b"reregistered", "run_tasks", b"run_tasks", "shutdown", b"shutdown", "shutdown_framework", b"shutdown_framework"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["registered", "reregistered", "run_tasks", "kill_task", "acknowledgements", "reconcile", "shutdown_framework", "shutdown", "logs_request"]  # noqa: Y015
+    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["registered", "reregistered", "run_tasks", "kill_task", "acknowledgements", "reconcile", "shutdown_framework", "shutdown", "logs_request", "checkpoint_resources"]  # noqa: Y015
     _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_event) -> _WhichOneofReturnType_event | None: ...
 

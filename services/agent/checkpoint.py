@@ -1,5 +1,6 @@
 """The agent's work dir on disk: the fsynced append-only log of status update records (the thin
-shell of status_updates.py), and the atomically replaced agent id and state (tasks, executors).
+shell of status_updates.py), and the atomically replaced agent id, state (tasks, executors)
+and total with reservations.
 
 Log format (status_updates.log): a sequence of frames `>I length, >I crc32(body), body`, body =
 one kind byte (1 Added, 2 Acked) + an agent_pb2.StatusUpdate (for Acked only framework_id,
@@ -13,12 +14,13 @@ import contextlib
 import os
 import struct
 import zlib
+from collections.abc import Iterable
 from pathlib import Path
 from typing import BinaryIO
 
 from google.protobuf.message import DecodeError
 
-from schemas import agent_pb2
+from schemas import agent_pb2, common_pb2
 from services.agent import status_updates as su
 from services.bus.log import get_logger
 
@@ -28,6 +30,7 @@ LOG_NAME = "status_updates.log"
 AGENT_ID_NAME = "agent_id"
 CLUSTER_ID_NAME = "cluster_id"
 STATE_NAME = "agent_state.pb"
+RESOURCES_NAME = "resources.pb"  # an AgentEvent.CheckpointResources, as the master sent it
 
 _HEADER = struct.Struct(">II")
 _ADDED, _ACKED = 1, 2
@@ -197,8 +200,9 @@ class StatusUpdateLog:
 
 
 class AgentCheckpoint:
-    """The agent's id, its cluster's id and its state (tasks, executors, frameworks, as a
-    Reregister message), each file replaced atomically, so a crash leaves the old version or
+    """The agent's id, its cluster's id, its state (tasks, executors, frameworks, as a
+    Reregister message) and its total with reservations (the master's last
+    CheckpointResources), each file replaced atomically, so a crash leaves the old version or
     the new one."""
 
     def __init__(self, work_dir: Path | str) -> None:
@@ -206,6 +210,7 @@ class AgentCheckpoint:
         self.agent_id_path = self.work_dir / AGENT_ID_NAME
         self.cluster_id_path = self.work_dir / CLUSTER_ID_NAME
         self.state_path = self.work_dir / STATE_NAME
+        self.resources_path = self.work_dir / RESOURCES_NAME
 
     def save_agent_id(self, agent_id: str) -> None:
         self._save_id(self.agent_id_path, agent_id)
@@ -255,3 +260,21 @@ class AgentCheckpoint:
         except DecodeError as e:
             raise CheckpointCorrupt(f"{self.state_path}: {e}") from e
         return state
+
+    def save_resources(self, resources: Iterable[common_pb2.Resource]) -> None:
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        msg = agent_pb2.AgentEvent.CheckpointResources(resources=resources)
+        atomic_write(self.resources_path, msg.SerializeToString())
+
+    def load_resources(self) -> list[common_pb2.Resource] | None:
+        """None when the master never sent any (the agent's flags are its total)."""
+        try:
+            data = self.resources_path.read_bytes()
+        except FileNotFoundError:
+            return None
+        msg = agent_pb2.AgentEvent.CheckpointResources()
+        try:
+            msg.ParseFromString(data)
+        except DecodeError as e:
+            raise CheckpointCorrupt(f"{self.resources_path}: {e}") from e
+        return list(msg.resources)

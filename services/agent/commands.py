@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from schemas import agent_pb2, executor_pb2
+from schemas import agent_pb2, common_pb2, executor_pb2
 from services.agent import status_updates as su
 from services.executor.runtime import Handle
 from services.notice import Notice
@@ -43,6 +43,14 @@ class SaveState:
     """Atomically checkpoint the agent's state (also its re-registration message)."""
 
     state: AgentState
+
+
+@dataclass(frozen=True)
+class SaveResources:
+    """Atomically checkpoint the agent's total with its reservations (the master's
+    CheckpointResources), reported as its resources from then on, across restarts."""
+
+    resources: tuple[common_pb2.Resource, ...]
 
 
 @dataclass(frozen=True)
@@ -98,6 +106,6 @@ class RemoveContainers:
     handles: tuple[Handle, ...]
 
 
-Command = (ToMaster | ToExecutor | LaunchExecutor | SaveState | SaveAgentId | SaveClusterId
-           | LeaveMaster | FetchLogs | StopContainers | ScanContainers | RemoveContainers
-           | Notice | su.Checkpoint)
+Command = (ToMaster | ToExecutor | LaunchExecutor | SaveState | SaveResources | SaveAgentId
+           | SaveClusterId | LeaveMaster | FetchLogs | StopContainers | ScanContainers
+           | RemoveContainers | Notice | su.Checkpoint)

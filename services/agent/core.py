@@ -22,6 +22,7 @@ from services.agent.commands import (
     RemoveContainers,
     SaveAgentId,
     SaveClusterId,
+    SaveResources,
     SaveState,
     ScanContainers,
     StopContainers,
@@ -36,6 +37,7 @@ from services.agent.executors import (
     STOP_RETRY_MAX_S,
     Executor,
 )
+from services.agent.reservations import AgentResources
 from services.bus.codec import DEFAULT_FRAME_LIMIT
 from services.bus.liveness import Backoff
 from services.executor.runtime import (
@@ -46,6 +48,7 @@ from services.executor.runtime import (
     executor_labels,
 )
 from services.notice import Notice
+from services.resources import Resources
 
 TaskState = common_pb2.TaskState
 TaskStatus = common_pb2.TaskStatus
@@ -80,6 +83,8 @@ class AgentCore:
         self.info = common_pb2.AgentInfo()
         self.info.CopyFrom(info)
         self.agent_id = info.agent_id
+        # `info.resources` (its flags) are the base of what it reports (reservations.py).
+        self.resources = AgentResources(Resources.from_proto(info.resources))
         self.cluster_id = cluster_id  # checkpointed; "" until a master names the cluster
         self.scan = Scan.WAITING
         self.cluster_mismatches = 0
@@ -118,6 +123,16 @@ class AgentCore:
                           recovered=True)
             self._add(ex)
         self._recovery_deadline = now + EXECUTOR_REREGISTRATION_TIMEOUT_S
+
+    def recover_resources(self, checkpoint: Sequence[common_pb2.Resource]) -> list[Command]:
+        """The total with reservations checkpointed in the work dir (the shell reads it at
+        start, before a master is detected): reported from now on if it fits the flags."""
+        return self._reported(self.resources.recover(checkpoint))
+
+    def _reported(self, cmds: list[Command]) -> list[Command]:
+        del self.info.resources[:]
+        self.info.resources.extend(self.resources.total.to_proto())
+        return cmds
 
     def _add(self, ex: Executor) -> None:
         self.executors[ex.executor_id] = ex
@@ -201,6 +216,9 @@ class AgentCore:
             return cmds
         if kind == "reconcile":
             return self._reconcile(event.reconcile, now)
+        if kind == "checkpoint_resources":
+            return self._reported(self.resources.checkpoint(
+                event.checkpoint_resources.resources))
         if kind == "shutdown_framework":
             fid = event.shutdown_framework.framework_id
             cmds = [cmd for ex in list(self.executors.values()) if ex.framework_id == fid
@@ -602,5 +620,5 @@ class AgentCore:
 
 
 __all__ = ["AgentCore", "Command", "Executor", "FetchLogs", "LaunchExecutor", "LeaveMaster",
-           "Registration", "RemoveContainers", "SaveAgentId", "SaveClusterId", "SaveState",
-           "Scan", "ScanContainers", "StopContainers", "ToExecutor", "ToMaster"]
+           "Registration", "RemoveContainers", "SaveAgentId", "SaveClusterId", "SaveResources",
+           "SaveState", "Scan", "ScanContainers", "StopContainers", "ToExecutor", "ToMaster"]

@@ -32,6 +32,7 @@ from services.agent.commands import (
     RemoveContainers,
     SaveAgentId,
     SaveClusterId,
+    SaveResources,
     SaveState,
     ScanContainers,
     StopContainers,
@@ -154,6 +155,9 @@ class AgentShell(ServiceKit):
         self._pending: list[su.Checkpoint] = []
         self._register_handlers()
         self._register_metrics()
+        resources = self.checkpoint.load_resources() if agent_id else None
+        if resources is not None:  # the master's last word on its reservations
+            self.driver.dispatch(self.core.recover_resources(resources))
         self.driver.attach(self.core)  # the one timer, at the core's next deadline
         self.reactor.on_idle(self._after_wakeup)
         self.reactor.every(PID_WATCH_INTERVAL, self._watch_pids)
@@ -362,6 +366,7 @@ class AgentShell(ServiceKit):
         on(ToExecutor, self._to_executor)
         on(LaunchExecutor, self._launch)
         on(SaveState, lambda c: self.checkpoint.save_state(c.state))
+        on(SaveResources, lambda c: self.checkpoint.save_resources(c.resources))
         on(SaveAgentId, self._save_agent_id)
         on(SaveClusterId, self._save_cluster_id)
         on(LeaveMaster, lambda c: self.master.disconnect())

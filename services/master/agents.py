@@ -22,7 +22,7 @@ from services.master.records import (
     parse_resources,
 )
 from services.master.state import copy_status, finite_nonneg
-from services.resources import Resources
+from services.resources import UNRESERVED, Resources
 
 Reported = agent_pb2.AgentCall.Reregister.Task
 
@@ -112,6 +112,16 @@ class AgentHandlers(AgentLiveness):
             aid, known = "", None  # a fresh agent on a gone machine: a new id
         if not aid:
             aid = self._new_id("agent", "S", self.agents, self.recovering)
+        # The master's word on the agent's reservations wins over an agent that missed it
+        # (a CheckpointResources lost with its connection, or a restart before it was
+        # saved), as Mesos's master resends its checkpointed resources: same quantities
+        # per name, other reservations. Other quantities: its flags changed, its report is
+        # its total. After a master failover the agent's checkpoint is the only word.
+        resend = known is not None and bool(known.total) and not known.total.same(total) \
+            and known.total.with_role(UNRESERVED).same(total.with_role(UNRESERVED))
+        if resend:
+            assert known is not None
+            total = known.total
         plan = self._plan(aid, known, reported, frameworks)
         need = Resources.total([*(t.resources for t in plan.add if not tasks.is_terminal(t.state)),
                          *(t.resources for t in plan.reconcile),
@@ -152,6 +162,8 @@ class AgentHandlers(AgentLiveness):
         body.master_epoch, body.heartbeat_interval_ms = self.epoch, self.heartbeat_interval_ms
         body.cluster_id = self.cluster_id
         out.insert(0, ToAgent(peer, aid, reply))
+        if resend:
+            out.insert(1, self._checkpoint_resources(known))
         if plan.reconcile:
             ev = agent_pb2.AgentEvent(reconcile=agent_pb2.AgentEvent.Reconcile(tasks=[
                 agent_pb2.AgentEvent.Reconcile.Task(framework_id=t.framework_id,
@@ -159,6 +171,12 @@ class AgentHandlers(AgentLiveness):
                 for t in plan.reconcile]))
             out.append(ToAgent(peer, aid, ev))
         return out
+
+    def _checkpoint_resources(self, agent: Agent) -> ToAgent:
+        """The agent's total with its reservations, for it to checkpoint and report."""
+        return ToAgent(agent.peer or b"", agent.agent_id, agent_pb2.AgentEvent(
+            checkpoint_resources=agent_pb2.AgentEvent.CheckpointResources(
+                resources=agent.total.to_proto())))
 
     def _plan(self, aid: str, known: Agent | None, reported: Sequence[Reported],
               frameworks: Sequence[common_pb2.FrameworkInfo]) -> _Plan:

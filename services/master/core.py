@@ -331,9 +331,11 @@ class MasterCore(AgentHandlers, FrameworkHandlers, RevocationHandlers):
                 request_id=req.request_id, accepted=False, reason=no.reason,  # type: ignore[arg-type]
                 message=no.message, task_ids=task_ids)), traceparent)]
         assert fw is not None
-        if not (agent.total.contains(total) and total.contains(agent.total)):
-            agent.total = total  # reservations made by this ACCEPT
+        out: list[Command] = []
+        if not agent.total.same(total):  # reservations made or undone by this ACCEPT
+            agent.total = total
             self._touch("agent", agent.agent_id)
+            out.append(self._checkpoint_resources(agent))  # before its tasks run on them
         run = agent_pb2.AgentEvent.RunTasks(frameworks=[fw.info])
         for t, res in zip(launches, used, strict=True):
             info = common_pb2.TaskInfo()
@@ -347,7 +349,6 @@ class MasterCore(AgentHandlers, FrameworkHandlers, RevocationHandlers):
                 framework_id=fw.framework_id, task=info, traceparent=traceparent,
                 offer_ids=req.offer_ids))
         self._offers_done(fw, req.offer_ids)
-        out: list[Command] = []
         if launches:
             out.append(ToAgent(agent.peer or b"", agent.agent_id,
                                agent_pb2.AgentEvent(run_tasks=run), traceparent))
@@ -402,6 +403,13 @@ class MasterCore(AgentHandlers, FrameworkHandlers, RevocationHandlers):
                         raise invalid(f"task {tid!r} has invalid resources: {exc}") from exc
                     if not res:
                         raise invalid(f"task {tid!r} has no resources")
+                    other = sorted({k[1] for k in (*res.scalars, *res.ranges, *res.sets)}
+                                   - {UNRESERVED, fw.role})
+                    if other:
+                        raise _Refused(RejectReason.REJECT_REASON_UNAUTHORIZED,
+                                       f"task {tid!r} uses resources reserved for role "
+                                       f"{other[0]!r}; the framework's role is {fw.role!r}",
+                                       Reason.REASON_TASK_UNAUTHORIZED)
                     batch.append((tid, res))
                 named += batch
                 need = disjoint(batch)
