@@ -82,13 +82,18 @@ def stop(cluster: Cluster, *names: str) -> None:
              message="services did not stop")
 
 
+def one_agent_cluster(zk: ZooKeeperServer, zk_admin: Any, tmp: pytest.TempPathFactory,
+                      name: str, resources: str) -> Iterator[Cluster]:
+    with local_cluster_in(zk, zk_admin, tmp.mktemp(name), name, agents=1,
+                          agent_resources=resources, offer_timeout=OFFER_TIMEOUT) as c:
+        yield c
+
+
 @pytest.fixture(scope="module")
 def paper_cluster(zk: ZooKeeperServer, zk_admin: Any, tmp_path_factory: pytest.TempPathFactory,
                   docker_client: Any, busybox_image: str) -> Iterator[Cluster]:
-    with local_cluster_in(zk, zk_admin, tmp_path_factory.mktemp("drf"), "drf", agents=1,
-                          agent_resources="cpus:0.9;mem:18432;disk:10240;ports:[42000-42099]",
-                          offer_timeout=OFFER_TIMEOUT) as c:
-        yield c
+    yield from one_agent_cluster(zk, zk_admin, tmp_path_factory, "drf",
+                                 "cpus:0.9;mem:18432;disk:10240;ports:[42000-42099]")
 
 
 @pytest.mark.parametrize("first", ["a", "b"])
@@ -110,10 +115,8 @@ def test_drf_paper_example_whichever_starts_first(paper_cluster: Cluster, first:
 @pytest.fixture(scope="module")
 def big_cluster(zk: ZooKeeperServer, zk_admin: Any, tmp_path_factory: pytest.TempPathFactory,
                 docker_client: Any, busybox_image: str) -> Iterator[Cluster]:
-    with local_cluster_in(zk, zk_admin, tmp_path_factory.mktemp("wdrf"), "wdrf", agents=1,
-                          agent_resources="cpus:1.8;mem:36864;disk:10240;ports:[42100-42199]",
-                          offer_timeout=OFFER_TIMEOUT) as c:
-        yield c
+    yield from one_agent_cluster(zk, zk_admin, tmp_path_factory, "wdrf",
+                                 "cpus:1.8;mem:36864;disk:10240;ports:[42100-42199]")
 
 
 def test_weighted_drf_two_to_one(big_cluster: Cluster) -> None:
