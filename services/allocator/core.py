@@ -78,6 +78,7 @@ class AllocatorCore:
         self.agents: dict[str, Agent] = {}
         self.frameworks: dict[str, Framework] = {}
         self.weights: dict[str, float] = {}  # role -> weight; absent = 1.0
+        self._declared = 0  # frameworks that declared demand (none: the cycle is Mesos's)
         self.filters = DeclineFilters()
         self.decisions: dict[str, Decision] = {}  # the standing one per framework
         self.cycle = 0
@@ -128,7 +129,8 @@ class AllocatorCore:
                 framework_id, NOTHING)
             self.sorter.unallocated(framework_id, held)
             fw = self.frameworks[framework_id]
-            add_into(fw.offered, agent.offered.get(framework_id, NOTHING), -1)
+            if fw.demands:
+                add_into(fw.offered, agent.offered.get(framework_id, NOTHING), -1)
             fw.agents.discard(agent_id)
             self._touched.add(framework_id)
             if fw.demands:  # it holds less: an idle agent may now fit its next task
@@ -165,6 +167,7 @@ class AllocatorCore:
             self._dirty.add(agent_id)
         self.filters.drop_framework(framework_id)
         self.sorter.remove(framework_id)
+        self._declared -= 1 if fw.demands else 0
         del self.frameworks[framework_id]
         self.decisions.pop(framework_id, None)
         self._fresh.discard(framework_id)
@@ -183,7 +186,14 @@ class AllocatorCore:
         fw = self._framework(framework_id)
         new = tuple(shapes)
         if new != fw.demands:
+            if not fw.demands:  # what it is offered is tracked while it declares demand
+                fw.offered = {}
+                for agent_id in fw.agents:
+                    add_into(fw.offered, self.agents[agent_id].offered.get(framework_id, NOTHING))
+            self._declared += (1 if new else 0) - (1 if fw.demands else 0)
             fw.demands = new
+            if not new:
+                fw.offered = {}
             self._fresh.add(framework_id)
             self._touched.add(framework_id)
             self._forget_wants(framework_id)
@@ -239,7 +249,8 @@ class AllocatorCore:
                 f"agent {agent_id}: framework {framework_id} uses {resources} but only "
                 f"{agent.free} is free and {offered} offered to it")
         _set(agent.offered, framework_id, offered - from_offer)
-        add_into(fw.offered, from_offer, -1)
+        if fw.demands:
+            add_into(fw.offered, from_offer, -1)
         agent.used[framework_id] = agent.used.get(framework_id, NOTHING) + resources
         fw.agents.add(agent_id)
         self._touched.add(framework_id)
@@ -443,7 +454,7 @@ class AllocatorCore:
                    resources: Resources) -> None:
         fid = fw.framework_id
         _set(held, fid, held[fid] - resources)
-        if held is agent.offered:
+        if held is agent.offered and fw.demands:
             add_into(fw.offered, resources, -1)
         agent.free = agent.free + resources if agent.free else resources
         if fid not in agent.offered and fid not in agent.used:
@@ -495,7 +506,8 @@ class AllocatorCore:
             assert dict(self.sorter.allocation(fid)) == scalar_vector(held[fid]), fid
             offered = Resources.total(self.agents[a].offered[fid] for a in fw.agents
                                       if fid in self.agents[a].offered)
-            assert fw.offered == scalar_vector(offered), (fid, fw.offered, offered)
+            assert fw.offered == (scalar_vector(offered) if fw.demands else {}), fid
+        assert self._declared == sum(1 for fw in self.frameworks.values() if fw.demands)
         self.filters.validate(self.agents, self.frameworks)
         self.sorter.validate()
         self._validate_incremental()

@@ -64,9 +64,12 @@ def _fill(core: AllocatorCore, agent: Agent, lists: tuple[Order, Order], fresh: 
     forced: int | None = None  # a declared candidate tied with the one at i goes first
     free_ok = allocatable(agent.free)
     while free_ok and i < len(cands):
-        pos, forced = (i, None) if forced is None else (forced, None)
+        if forced is None:
+            pos = i
+        else:
+            pos, forced = forced, None
         fid = cands[pos][1]
-        if fid in done:
+        if done and fid in done:
             i += 1
             continue
         fw = fws[fid]
@@ -83,8 +86,21 @@ def _fill(core: AllocatorCore, agent: Agent, lists: tuple[Order, Order], fresh: 
         whole = True
         if not fits:
             note.no_fit += 1
-            take = None
-        elif fw.demands:
+            if pos == i:
+                i += 1
+            else:
+                done.add(fid)
+            continue
+        if flts is not None and not fw.demands:
+            until = refusal(flts, offer, now)  # the hot path: every framework declines
+            if until is not None:
+                note.agents_filtered += 1
+                if note.first_filtered is None:
+                    note.first_filtered = (agent.agent_id, until)
+                i += 1
+                continue
+            flts = None  # not refused whole: what it takes (part of it) is not refused
+        if fw.demands:
             unit = next_unit(fw.demands, core.demand_held(fid, agent))
             whole = False
             if unit is None:
@@ -93,8 +109,6 @@ def _fill(core: AllocatorCore, agent: Agent, lists: tuple[Order, Order], fresh: 
                 take = take_unit(offer, unit, fw.role)
                 if take is None:
                     note.unfit = unit
-        elif flts and refusal(flts, offer, now) is not None:
-            pass  # refused whole, refused in part too: said below
         else:
             j = _next_declared(core, cands, i, done, agent, now)
             if j is not None:
@@ -104,7 +118,7 @@ def _fill(core: AllocatorCore, agent: Agent, lists: tuple[Order, Order], fresh: 
                 if not take:  # at the next one's share already: that one goes first
                     forced = j
                     continue
-        if take is not None and flts and (whole or fw.demands):
+        if take is not None and flts:  # declared: its unit against its filters
             until = refusal(flts, take, now)
             if until is not None:
                 note.agents_filtered += 1
@@ -112,14 +126,15 @@ def _fill(core: AllocatorCore, agent: Agent, lists: tuple[Order, Order], fresh: 
                     note.first_filtered = (agent.agent_id, until)
                 take = None
         if take is None:
-            done.add(fid)
             if pos == i:
                 i += 1
+            else:  # a forced candidate: passed over when the loop reaches it
+                done.add(fid)
             continue
-        if fid not in got:
-            got[fid] = (NOTHING, sorter.dominant(fid))
+        held = got.get(fid)
+        got[fid] = ((take, sorter.dominant(fid)) if held is None  # share before it took
+                    else (held[0] + take, held[1]))
         _hold(core, agent, fw, take)
-        got[fid] = (got[fid][0] + take, got[fid][1])
         if fw.demands:
             note.units += 1
         if whole:
@@ -134,6 +149,8 @@ def _next_declared(core: AllocatorCore, cands: Order, i: int, done: set[str], ag
     """Where the next candidate after `i` that would take something of the agent stands,
     if it declared demand (else None: the one at `i` may take the rest). Candidates that
     would refuse are passed over, as they are absent from an incremental visit."""
+    if not core._declared:
+        return None
     flts_by_fw = core.filters.on(agent.agent_id)
     for j in range(i + 1, len(cands)):
         fid = cands[j][1]
@@ -159,7 +176,8 @@ def _hold(core: AllocatorCore, agent: Agent, fw: Framework, take: Resources) -> 
     fid = fw.framework_id
     held = agent.offered.get(fid)
     agent.offered[fid] = take if held is None else held + take
-    add_into(fw.offered, take)
+    if fw.demands:
+        add_into(fw.offered, take)
     agent.free = NOTHING if take is agent.free else agent.free - take
     fw.agents.add(agent.agent_id)
     core.sorter.allocated(fid, take)
