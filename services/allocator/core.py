@@ -369,9 +369,8 @@ class AllocatorCore:
     def _wants(self, fid: str) -> bool:
         """Below its declared demand, with no offer outstanding: it reclaims if it can."""
         fw = self.frameworks[fid]
-        return bool(fw.active and not fw.suppressed and fw.demands
-                    and next_unit(fw.demands, self.sorter.allocation(fid)) is not None
-                    and not any(fid in self.agents[a].offered for a in fw.agents))
+        return bool(fw.active and not fw.suppressed and fw.demands and not fw.offered
+                    and next_unit(fw.demands, self.sorter.allocation(fid)) is not None)
 
     def _plan_reclaims(self, fresh: set[str], touched: set[str],
                        allocations: list[Allocation], visited: bool, now: float) -> Plan:
