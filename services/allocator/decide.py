@@ -66,6 +66,10 @@ def decide(core: AllocatorCore, fw: Framework, note: Notes | None, any_offered: 
             outcome = Outcome.FAIR_SHARE
             reason = (f"frameworks with a lower weighted share took the free resources "
                       f"(its share {share.key:.3f})")
+            if note.unfit is not None:
+                reason = (f"its next declared task <{note.unfit.resources}> fits none of the "
+                          f"free resources left after frameworks with a lower weighted share "
+                          f"took theirs (its share {share.key:.3f})")
         elif note.unfit is not None:
             outcome = Outcome.NO_FIT
             reason = (f"no offer fits its next declared task <{note.unfit.resources}>: no "

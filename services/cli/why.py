@@ -182,7 +182,11 @@ def decision_sentence(d: Doc, decisions: list[Doc], state: Doc, spans: list[Span
     if outcome == "FILTERED":
         return f"{who} got no offer in cycle {cycle}: {_filtered(d, now)}."
     if outcome == "FAIR_SHARE":
-        return f"{who} got no offer in cycle {cycle}: {_fair_share(d, decisions, state, spans)}."
+        said = str(d.get("reason", ""))
+        more = ("" if not said or said.startswith("frameworks with a lower weighted share")
+                else f"; the allocator says: {said}")  # reclaiming, revoking, its next task
+        return (f"{who} got no offer in cycle {cycle}: "
+                f"{_fair_share(d, decisions, state, spans)}{more}.")
     if outcome == "NO_FIT":
         return (f"{who} got no offer in cycle {cycle}: no agent has free resources it may use "
                 f"({d.get('reason', '')}).")

@@ -208,3 +208,23 @@ def test_ended_tasks_are_not_counted_live(ended: str) -> None:
     gone.status.state = common_pb2.TaskState.Value(ended)
     out = why.explain_framework("fw-web", [], state_json((running, gone)), [])
     assert "has 1 live task(s)" in out[0], out
+
+
+def test_why_says_what_is_reclaimed_for_a_framework_below_its_share(
+        spans: list[tv.Span]) -> None:
+    """A framework with declared demand whose task fits nowhere: `why` tells what the
+    allocator does for it (reclaiming a sitting framework's offers), not only the shares."""
+    from services.allocator.fill import Shape
+
+    core = core_with(["fw-web"], agents=1)
+    core.allocate(NOW)  # web, of unknown demand, sits on the whole agent
+    core.framework_added("fw-batch", "*")
+    core.demand("fw-batch", [Shape.of(Resources.of(cpus=1, mem=128), 1)])
+    core.resources_used("agent-1", "fw-web", Resources.of(cpus=0.1, mem=32))
+    cycle = core.allocate(NOW + 1)
+    decisions = decisions_json(cycle)
+    mine = {d["framework_id"]: d for d in decisions}["fw-batch"]
+    assert mine["outcome"] == "OUTCOME_FAIR_SHARE", mine
+    out = why.explain("fw-batch", decisions, state_json(), spans, {})
+    assert "the allocator says: below its fair share" in out[1], out
+    assert "reclaiming offers of fw-web on agent-1" in out[1], out
