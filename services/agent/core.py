@@ -386,6 +386,13 @@ class AgentCore:
             if ex.kill_grace_s is not None:
                 grace, ex.kill_grace_s = ex.kill_grace_s, None
                 cmds += self.kill(ex.framework_id, ex.task_id, grace, now)
+        elif kind == "update" and ex.peer != peer:
+            # Not (yet) subscribed to this agent process: sent while the link was down, it may
+            # overtake an earlier update lost with the old connection. Its Subscribe carries
+            # every unacknowledged update, in order; taking this one first would refuse those.
+            cmds.append(Notice.of("executor_update_unsubscribed", "update from an executor "
+                                  "not subscribed to this agent; its Subscribe resends it",
+                                  executor_id=ex.executor_id, task_id=call.update.status.task_id))
         elif kind == "update":
             cmds += self._executor_update(ex, call.update.status)
         return cmds

@@ -420,3 +420,41 @@ def test_a_log_request_is_capped_below_the_frame_limit() -> None:
     assert asked[100] == 100
     assert 0 < asked[0] <= MAX_LOG_BYTES and asked[0xFFFFFFFF] == MAX_LOG_BYTES
     assert MAX_LOG_BYTES <= DEFAULT_FRAME_LIMIT // 2  # room for the envelope and the relay
+
+
+def test_an_update_queued_before_the_executor_resubscribes_does_not_lose_an_earlier_one() -> None:
+    """Seen under load in the agent-restart flow test: a task's history read STARTING,
+    UNREACHABLE, FINISHED, with no RUNNING. The executor's RUNNING went out on the dying
+    agent's connection and was lost; its FINISHED, sent while the link was down, waited in
+    the socket's queue and reached the restarted agent *before* the executor's Subscribe
+    (which carries RUNNING and FINISHED, in order). The agent took FINISHED, then refused
+    RUNNING as a move back from a terminal state: RUNNING never reached the framework.
+    An update is taken only from an executor subscribed to this agent process: the
+    Subscribe that follows carries every unacknowledged update in order."""
+    core = AgentCore(info(), now=0.0)
+    registered(core)
+    ex_id = next(c for c in run_task(core, "t1") if isinstance(c, LaunchExecutor)).executor_id
+    core.executor_launched(ex_id, pid=4242)
+    subscribe(core, ex_id)
+    update(core, ex_id, "t1", S.TASK_STARTING)
+    ack_all(core, 1.0)
+    state, records = core.state(), core.updates.records()
+
+    again = AgentCore(state.agent_info, now=10.0, recovered=state, records=records)
+    registered(again, 10.0)
+    src = common_pb2.TaskStatus.SOURCE_EXECUTOR
+    running = common_pb2.TaskStatus(task_id="t1", state=S.TASK_RUNNING, uuid=b"R" * 16,
+                                    source=src)
+    finished = common_pb2.TaskStatus(task_id="t1", state=S.TASK_FINISHED, uuid=b"F" * 16,
+                                     source=src, exit_code=0)
+    late = executor_pb2.ExecutorCall(executor_id=ex_id, framework_id=FW)
+    late.update.status.CopyFrom(finished)  # queued while the link was down
+    durable(again, again.executor_call(b"e1", late, 10.1), 10.1)
+    subscribe(again, ex_id, unacknowledged_updates=[running, finished])
+    forwarded: list[int] = []
+    for now in (11.0, 12.0, 13.0):
+        for cmd in durable(again, again.tick(now), now):
+            if isinstance(cmd, ToMaster) and cmd.call.WhichOneof("call") == "status_updates":
+                forwarded += [u.status.state for u in cmd.call.status_updates.updates]
+        ack_all(again, now)
+    assert forwarded == [S.TASK_RUNNING, S.TASK_FINISHED]

@@ -96,7 +96,9 @@ def test_tasks_that_end_while_their_agent_is_down_keep_their_exit_codes(
                 wrong[task_id] = (S.Name(last.state),
                                   common_pb2.TaskStatus.Reason.Name(last.reason),
                                   last.exit_code if last.HasField("exit_code") else None,
-                                  last.message)
+                                  last.message,
+                                  [(S.Name(u.state), common_pb2.TaskStatus.Source.Name(u.source))
+                                   for u in rec.updates[task_id]])
         assert not wrong, f"{len(wrong)} of {TASKS} tasks lost their result: {wrong}"
     finally:
         driver.stop(failover=False)
@@ -159,7 +161,9 @@ def test_a_flow_of_short_tasks_through_an_agent_restart_loses_no_result(
                 wrong[task_id] = (S.Name(last.state),
                                   common_pb2.TaskStatus.Reason.Name(last.reason),
                                   last.exit_code if last.HasField("exit_code") else None,
-                                  last.message)
+                                  last.message,
+                                  [(S.Name(u.state), common_pb2.TaskStatus.Source.Name(u.source))
+                                   for u in history])
         assert not wrong, f"{len(wrong)} of {FLOW} tasks lost their result: {wrong}"
     finally:
         driver.stop(failover=False)
