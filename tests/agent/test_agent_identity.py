@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from schemas import agent_pb2, common_pb2
 from services.agent import core as agent_core
+from services.agent import executors
 from services.agent.core import (
     AgentCore,
     Command,
@@ -135,12 +136,12 @@ def test_a_gone_executors_containers_are_stopped_with_retries_before_the_report(
     assert isinstance(stop, StopContainers)
     assert core.executor_exited(ex_id, 2.1) == [], "once"
     now = 2.0
-    for attempt in range(1, agent_core.STOP_ATTEMPTS):
+    for attempt in range(1, executors.STOP_ATTEMPTS):
         cmds = durable(core, core.containers_stopped(ex_id, [], "engine down", now), now)
         assert [c.kind for c in cmds if isinstance(c, Notice)] == ["container_stop_failed"]
         assert core.executors[ex_id].state == S.TASK_RUNNING, "not reported yet"
         deadline = core.next_deadline()
-        assert deadline == now + min(2.0 ** (attempt - 1), agent_core.STOP_RETRY_MAX_S)
+        assert deadline == now + min(2.0 ** (attempt - 1), executors.STOP_RETRY_MAX_S)
         assert not [c for c in core.tick(deadline - 0.01) if isinstance(c, StopContainers)]
         [again] = [c for c in durable(core, core.tick(deadline), deadline)
                    if isinstance(c, StopContainers)]
