@@ -223,6 +223,11 @@ class MasterShell(ServiceKit):
     # -- inbound -------------------------------------------------------------------------
     def _on_front(self, peer: bytes, env: codec.Envelope) -> None:
         kind = codec.payload_kind(env)
+        if kind == "error":  # answering it could only ping-pong between the two peers
+            self.stats.inc("peer_errors")
+            log.warning("peer error", sender=env.sender_id, code=env.error.code,
+                        message=env.error.message, in_reply_to=env.in_reply_to)
+            return
         if kind not in FRONT_PAYLOADS:
             self._reject(self.front, peer, bus_pb2.UNEXPECTED,
                          f"the master's front takes agent, scheduler and operator calls, "

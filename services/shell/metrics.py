@@ -25,6 +25,7 @@ STATS_HELP = {
     "peers_lost": "Peers declared gone after missed heartbeats.",
     "calls_rejected": "Calls answered with an error, by error code.",
     "calls_refused": "Calls refused while not leading, by reason.",
+    "peer_errors": "Errors received from peers: counted and logged, never answered.",
 }
 
 # Latency buckets (seconds) for the histograms of the offer path: 1 ms to 2 min.

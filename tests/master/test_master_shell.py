@@ -265,3 +265,26 @@ def test_revocation_counts_are_exported_and_outlive_the_reign(tmp_path: Path) ->
         assert 'offerbus_master_revocations_total{outcome="ignored"} 1.0' in lines()
     finally:
         master.close()
+
+
+def test_an_error_from_a_peer_is_counted_not_answered(master: MasterShell) -> None:
+    """A fenced heartbeat from a stale master is answered by the agent with an error; the
+    master answered that error with another ("takes agent, scheduler and operator calls,
+    not error"). An error is counted and logged; answering it could only ping-pong."""
+    agent = Agent(master.front.endpoint)
+    try:
+        assert agent.client.send(codec.error_envelope(bus_pb2.NOT_LEADER, "fenced (stale)"))
+        odd = codec.Envelope()
+        odd.internal.SetInParent()  # a kind the front does not take: answered
+        assert agent.client.send(odd)
+        agent.start()
+
+        def answers(kind: str) -> list[codec.Envelope]:
+            return [e for e in list(agent.got)
+                    if e.HasField("error") and e.error.message.endswith(f"not {kind}")]
+
+        assert master.reactor.run(until=lambda: bool(answers("internal")), timeout=5)
+        assert answers("error") == []  # answered in order: it would have come first
+        assert master.stats.get("peer_errors") == 1
+    finally:
+        agent.close()
