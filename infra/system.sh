@@ -16,6 +16,7 @@ packages=(
   iproute2         # ip netns / veth for multi-host tests
   iptables         # partitions between those hosts (and dockerd's networking)
   prometheus       # promtool, which checks every service's /metrics in the tests
+  chromium         # headless browser: the dashboard test loads the master's page in it
 )
 
 is_installed() {

@@ -124,7 +124,8 @@ class AgentShell(ServiceKit):
             port_file.write_text(self.executors.endpoint.rsplit(":", 1)[1])
         http = self.start_http({"/state": self._http_state})
         info = common_pb2.AgentInfo(agent_id=agent_id, hostname=config.hostname,
-                                    address=config.host, endpoint=http.url,
+                                    address=self.advertise_host,
+                                    endpoint=self.endpoints["http"],
                                     version="offerbus-0.1")
         info.resources.extend(Resources.parse(config.resources).to_proto())
         info.attributes.extend(parse_attributes(config.attributes))

@@ -287,6 +287,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--stderr", action="store_true")
     p.add_argument("--tail", type=int, default=0, help="last N lines (0: all)")
     p.set_defaults(fn=cmd_logs)
+    from services.cli import config_cmd  # `offerbus config check FILE`
+
+    config_cmd.register(sub)
     lifecycle.add_parsers(sub)
     for name, fn in (("run", cmd_run), ("scale", cmd_scale), ("stop", cmd_stop)):
         sub.choices[name].set_defaults(fn=fn)

@@ -23,6 +23,7 @@ from services.bus.mailbox import Mailbox
 from services.bus.peer import RouterServer
 from services.bus.reactor import Reactor
 from services.bus.statestream import StatePublisher
+from services.master import dashboard
 from services.master.commands import (
     PersistRegistry,
     Publish,
@@ -96,6 +97,9 @@ class MasterShell(ServiceKit):
             self.reactor, self.ctx, f"{tcp}:{config.internal_port or '*'}", self.sender,
             self._on_internal, on_peer_gone=self._on_peer_gone, heartbeat=self.beat,
             stats=self.stats, fence=self.internal_fence, name="internal")
+        # Who leads the allocator's and the broker's roles, shown in /state ("leaders").
+        self._service_leaders: dict[str, dict[str, Any] | None] = {
+            name: None for name in INTERNAL_ROLE_NAMES.values()}
         self.detectors = {role: detector_from_url(config.election_url, name)
                           for role, name in INTERNAL_ROLE_NAMES.items()}
         for role, detector in self.detectors.items():
@@ -112,7 +116,8 @@ class MasterShell(ServiceKit):
         # /state and /metrics run on the HTTP threads, from a view the reactor only feeds.
         self.view = StateView(config.master_id, lambda: self.publisher.store.values())
         self.start_http({"/state": Direct(self._http_state),
-                         "/metrics": Direct(self._http_metrics)})
+                         "/metrics": Direct(self._http_metrics),
+                         "/state/events": dashboard.state_events(self.view), **dashboard.ROUTES})
         # Registry I/O runs on the writer's thread; its results come back through a mailbox.
         self._registry_events: Mailbox[RegistryEvent] = Mailbox()
         self.reactor.add_reader(self._registry_events, self._on_registry_events)
@@ -164,7 +169,8 @@ class MasterShell(ServiceKit):
             max_gone_agents=self.config.max_gone_agents, now=self.driver.now())
         entries = self.core.snapshot_entries()
         self.publisher.restart(epoch, entries)
-        self.view.lead(entries, epoch=epoch, paused=False, cluster_id=self.core.cluster_id)
+        self.view.lead(entries, epoch=epoch, paused=False, cluster_id=self.core.cluster_id,
+                       leaders=dict(self._service_leaders))
         self.driver.attach(self.core)
         log.info("leading", epoch=epoch, cluster_id=self.core.cluster_id,
                  recovered_agents=len((recovered or {}).get("agents", {})),
@@ -216,6 +222,10 @@ class MasterShell(ServiceKit):
         """Who leads the broker's or the allocator's role: the one the internal port admits."""
         for event in self.detectors[role].events():
             self.internal_fence.follow(role, event.leader)
+            name = INTERNAL_ROLE_NAMES[role]
+            self._service_leaders[name] = {"id": event.leader.member_id,
+                                           "epoch": event.leader.epoch} if event.leader else None
+            self.view.set_meta(leaders=dict(self._service_leaders))
             log.info("internal leader", role=INTERNAL_ROLE_NAMES[role],
                      leader=f"{event.leader.member_id}@{event.leader.epoch}"
                      if event.leader else "-")

@@ -27,12 +27,12 @@ from schemas import bus_pb2, common_pb2, state_pb2
 StateEntry = bus_pb2.StateEntry
 Query = dict[str, list[str]]
 SHOWN = ("agent", "framework", "task", "role")  # the stream's kinds /state lists
-QUERY_KEYS = ("framework", "framework_name", "tasks", "agents")
+QUERY_KEYS = ("framework", "framework_name", "tasks", "agents", "decisions")
 YIELD_EVERY = 100  # entries applied between two offers of the GIL to the reactor
 PENDING_SLACK = 10_000  # entries waiting beyond the state's size before it is taken whole
 MAX_CACHED_DOCUMENTS = 8  # documents kept for the current version (one per query)
-# A query: (framework ids, framework names, with tasks, with agents).
-_Key = tuple[tuple[str, ...], tuple[str, ...], bool, bool]
+# A query: (framework ids, framework names, with tasks, with agents, with decisions).
+_Key = tuple[tuple[str, ...], tuple[str, ...], bool, bool, bool]
 
 
 class BadQuery(ValueError):
@@ -128,6 +128,7 @@ class StateView:
         self._current = current
         # -- the handover (reactor -> HTTP threads), under _handover
         self._handover = threading.Lock()
+        self._changed = threading.Condition(self._handover)  # a handover happened
         self._pending: dict[str, StateEntry] = {}  # coalesced by key
         self._base: list[StateEntry] | None = None  # a whole new state (a new reign)
         self._meta: dict[str, Any] | None = None  # None: not leading
@@ -138,6 +139,7 @@ class StateView:
         self._version = 0  # bumped when what /state shows changed
         self._shown_meta: dict[str, Any] | None = None
         self.agents, self.frameworks, self.roles = _Table(), _Table(), _Table()
+        self.decisions = _Table()  # the allocator's latest, by framework (?decisions=1)
         self.tasks: dict[str, _Table] = {}  # framework id -> its tasks
         self._task_frameworks: list[str] = []  # sorted keys of self.tasks
         self._spots: dict[str, _Spot] = {}
@@ -154,6 +156,7 @@ class StateView:
             self._base, self._pending = entries, {}
             self._meta = {"master_id": self.master_id, **meta}
             self._handed += 1
+            self._changed.notify_all()
 
     def publish(self, entries: Iterable[StateEntry]) -> None:
         """Entries just published on the state stream."""
@@ -162,6 +165,7 @@ class StateView:
             for entry in entries:
                 pending[entry.key] = entry
             self._handed += 1
+            self._changed.notify_all()
             if len(pending) > PENDING_SLACK:
                 whole = self._current()
                 if len(pending) > len(whole) + PENDING_SLACK:
@@ -172,11 +176,20 @@ class StateView:
             if self._meta is not None:
                 self._meta = {**self._meta, **changes}
                 self._handed += 1
+                self._changed.notify_all()
 
     def step_down(self) -> None:
         with self._handover:
             self._base, self._pending, self._meta = [], {}, None
             self._handed += 1
+            self._changed.notify_all()
+
+    def wait_handover(self, seen: int, timeout: float) -> int:
+        """On an HTTP thread: block until a handover after the one numbered `seen` (or
+        `timeout` seconds); the latest handover's number."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._handed != seen, timeout)
+            return self._handed
 
     def meta(self) -> dict[str, Any] | None:
         with self._handover:
@@ -229,13 +242,14 @@ class StateView:
 
     def _clear(self) -> None:
         self.agents, self.frameworks, self.roles = _Table(), _Table(), _Table()
+        self.decisions = _Table()
         self.tasks, self._task_frameworks, self._spots = {}, [], {}
         self.task_counts, self.agent_counts = Counter(), Counter()
 
     def _apply(self, entry: StateEntry) -> bool:
         """One stream entry into the replica; False when /state does not show it."""
         kind = entry.value.WhichOneof("kind") if not entry.deleted else None
-        if entry.deleted or kind not in SHOWN:
+        if entry.deleted or kind not in (*SHOWN, "decision"):
             spot = self._spots.pop(entry.key, None)
             if spot is not None:
                 self._remove(spot)
@@ -252,6 +266,9 @@ class StateView:
         elif kind == "role":
             spot = _Spot("role", "", entry.key)
             self.roles.put(spot.key, fragment, "")
+        elif kind == "decision":
+            spot = _Spot("decision", "", record.framework_id)
+            self.decisions.put(spot.key, fragment, "")
         else:
             spot = _Spot("task", record.framework_id, record.task_info.task_id)
             label = common_pb2.TaskState.Name(record.status.state)
@@ -273,6 +290,8 @@ class StateView:
             self.frameworks.pop(spot.key)
         elif spot.kind == "role":
             self.roles.pop(spot.key)
+        elif spot.kind == "decision":
+            self.decisions.pop(spot.key)
         else:
             table = self.tasks.get(spot.framework_id)
             if table is None:
@@ -285,7 +304,7 @@ class StateView:
 
     def _render(self, key: _Key) -> bytes:
         assert self._shown_meta is not None
-        ids, names, with_tasks, with_agents = key
+        ids, names, with_tasks, with_agents, with_decisions = key
         parts: dict[str, Any] = dict(self._shown_meta)
         if with_agents:
             parts["agents"] = list(self.agents.fragments())
@@ -294,6 +313,7 @@ class StateView:
             fids = self._task_frameworks
             parts["frameworks"] = list(self.frameworks.fragments())
             counts: dict[str, int] = dict(self.task_counts)
+            chosen: set[str] | None = None  # every framework
         else:
             rows = self.frameworks.rows
             chosen = {f for f in ids if f in rows}
@@ -304,6 +324,10 @@ class StateView:
             counts = Counter(label for f in fids
                              for _, label in self.tasks[f].rows.values())
         parts["task_counts"] = dict(sorted(counts.items()))
+        if with_decisions:
+            rows = self.decisions.rows
+            parts["decisions"] = [rows[f][0] for f in self.decisions.order
+                                  if chosen is None or f in chosen]
         if with_tasks:
             parts["tasks"] = [frag for f in fids for frag in self.tasks[f].fragments()]
         return _assemble(parts)
@@ -328,13 +352,14 @@ def _query_key(query: Query) -> _Key:
     if unknown:
         raise BadQuery(f"unknown /state parameter(s) {', '.join(unknown)}; known: "
                        f"{', '.join(QUERY_KEYS)} (framework=ID and framework_name=NAME "
-                       f"repeatable; tasks=0 and agents=0 leave those lists out)")
+                       f"repeatable; tasks=0 and agents=0 leave those lists out; "
+                       f"decisions=1 adds the allocator's latest decision per framework)")
     lists = {}
-    for name in ("tasks", "agents"):
-        value = query.get(name, ["1"])[-1]
+    for name, default in (("tasks", "1"), ("agents", "1"), ("decisions", "0")):
+        value = query.get(name, [default])[-1]
         if value not in ("0", "1"):
             raise BadQuery(f"{name}={value!r}: use {name}=0 (no {name} list) or {name}=1")
         lists[name] = value == "1"
     return (tuple(sorted(set(query.get("framework", [])))),
             tuple(sorted(set(query.get("framework_name", [])))), lists["tasks"],
-            lists["agents"])
+            lists["agents"], lists["decisions"])

@@ -10,20 +10,42 @@ A TOML file may hold common keys at the top and a table per service, which wins:
     offer_timeout = 30
 
 The environment variable of option `offer_timeout` is `OFFERBUS_OFFER_TIMEOUT`; a
-service-specific `OFFERBUS_BROKER_OFFER_TIMEOUT` wins over it."""
+service-specific `OFFERBUS_BROKER_OFFER_TIMEOUT` wins over it. A table not named after a
+service (SERVICES) and a key no option of the service has are refused.
+
+Addresses: `listen_host` is what a service binds (0.0.0.0: every interface), and
+`advertise_host` what it tells others to connect to (the election's endpoints, an agent's
+registration); each defaults to `host`. `offerbus config check FILE` runs this loader for
+each service the file configures and prints the effective values and their sources."""
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import math
 import os
+import re
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 Value = str | int | float | bool
+# The services that read a configuration, and where each one's own options are
+# ("module:attribute"): the tables a TOML file may have (`offerbus config check` reads the
+# options from there). A file without tables is checked for the DEPLOYED ones.
+SERVICES: dict[str, str] = {
+    "master": "services.master.__main__:OPTIONS",
+    "allocator": "services.allocator.__main__:OPTIONS",
+    "broker": "services.broker.__main__:OPTIONS",
+    "agent": "services.agent.__main__:OPTIONS",
+    "emulator_agents": "services.emulator.__main__:AGENT_OPTIONS",
+    "emulator_frameworks": "services.emulator.frameworks:OPTIONS"}
+DEPLOYED = ("master", "allocator", "broker", "agent")
+DEFAULT_HOST = "127.0.0.1"  # one machine's cluster: nothing reachable from elsewhere
+WILDCARDS = ("0.0.0.0", "*")  # listen on every interface ("*" is ZeroMQ's spelling)
 
 
 class ConfigError(Exception):
@@ -40,6 +62,7 @@ class Option:
     minimum: float | None = None
     maximum: float | None = None
     choices: tuple[str, ...] = ()
+    check: Callable[[Any], None] | None = None  # raises ValueError on a bad value
 
     @property
     def flag(self) -> str:
@@ -69,6 +92,11 @@ class Option:
         if self.choices and value not in self.choices:
             raise ConfigError(f"{where}: must be one of {', '.join(self.choices)} "
                               f"(got {value!r})")
+        if self.check is not None:
+            try:
+                self.check(value)
+            except ValueError as exc:
+                raise ConfigError(f"{where}: {exc}") from None
         return value
 
 
@@ -98,12 +126,65 @@ def _convert(kind: type, raw: object) -> Value:
     raise ValueError(f"expected text, got {raw!r}")
 
 
+_HOSTNAME = re.compile(r"(?=.{1,253}$)([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)"
+                       r"(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*\.?$", re.IGNORECASE)
+
+
+def check_address(value: str, *, wildcard: bool = False) -> None:
+    """An IPv4 address or a host name (a wildcard only where `wildcard`); ValueError."""
+    if wildcard and value in WILDCARDS:
+        return
+    try:
+        address = ipaddress.ip_address(value)
+    except ValueError:
+        if value.replace(".", "").isdigit() or not _HOSTNAME.match(value):
+            raise ValueError(f"not an IPv4 address or host name: {value!r}") from None
+        return
+    if address.version == 6:
+        raise ValueError(f"IPv6 addresses are not supported yet (got {value!r})")
+    if not wildcard and address.is_unspecified:
+        raise ValueError(f"{value} is not an address others can reach: give this machine's "
+                         "address (to bind every interface: listen_host = 0.0.0.0)")
+
+
+def check_listen_address(value: str) -> None:
+    check_address(value, wildcard=True)
+
+
+def check_cluster_url(url: str) -> None:
+    """zk://host:port[,host:port...][/chroot][?session_timeout=S] or file:///dir."""
+    parts = urlsplit(url)
+    if parts.scheme == "file":
+        if not parts.path.startswith("/"):
+            raise ValueError(f"file URL without an absolute path: {url!r}")
+        return
+    if parts.scheme != "zk":
+        raise ValueError(f"expected zk://host:port[,host:port]/chroot or file:///dir, "
+                         f"got {url!r}")
+    if not parts.netloc:
+        raise ValueError(f"zk URL without hosts: {url!r}")
+    for server in parts.netloc.split(","):
+        host, _, port = server.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"bad ZooKeeper server {server!r} in {url!r}: expected host:port")
+        check_address(host)
+
+
 # What every service takes.
 COMMON: tuple[Option, ...] = (
     Option("cluster", required=True,
            help="zk://host:port[,host:port]/chroot (ZooKeeper) or file:///run/dir (standalone, "
-                "one machine): where leaders are elected and found"),
-    Option("host", default="127.0.0.1", help="address to bind and advertise"),
+                "one machine): where leaders are elected and found", check=check_cluster_url),
+    Option("host", default=DEFAULT_HOST, check=check_address,
+           help="this service's address: bound, and advertised to others (unless "
+                "listen_host or advertise_host say otherwise)"),
+    Option("listen_host", check=check_listen_address,
+           help="address to bind, e.g. 0.0.0.0 for every interface (default: host)"),
+    Option("advertise_host", check=check_address,
+           help="address others connect to, in the election and an agent's registration "
+                "(default: host)"),
+    Option("zk_wait", float, 10.0, "seconds to wait at start for ZooKeeper to answer; then "
+           "exit 2 (0: do not check)", minimum=0, maximum=3600),
     Option("http_port", int, 0, "status HTTP port (/health, /metrics); 0 = any free port",
            minimum=0, maximum=65535),
     Option("heartbeat", float, 1.0, "seconds between heartbeats", minimum=0.01, maximum=60),
@@ -136,38 +217,41 @@ def load(service: str, options: Sequence[Option], argv: Sequence[str] | None = N
          description: str | None = None) -> dict[str, Any]:
     """The options' values by name. Raises ConfigError (bad value, missing option, unreadable
     file) and SystemExit for --help or an unknown flag (argparse's own message)."""
+    return resolve(service, options, argv, environ, prog, description)[0]
+
+
+def resolve(service: str, options: Sequence[Option], argv: Sequence[str] | None = None,
+            environ: Mapping[str, str] | None = None, prog: str | None = None,
+            description: str | None = None) -> tuple[dict[str, Any], dict[str, str]]:
+    """(values, where each came from: its flag, its variable, the file's path or "default")."""
     environ = os.environ if environ is None else environ
     ap = parser(prog or f"offerbus-{service}", description, options)
     args = vars(ap.parse_args(list(argv) if argv is not None else None))
-    file_values = _read_file(args.pop("config") or environ.get("OFFERBUS_CONFIG"), service,
-                             options)
+    path = args.pop("config") or environ.get("OFFERBUS_CONFIG")
+    file_values = _read_file(path, service, options)
     out: dict[str, Any] = {}
+    sources: dict[str, str] = {}
     for opt in options:
         if args.get(opt.name) is not None:
-            out[opt.name] = opt.parse(args[opt.name], opt.flag)
+            out[opt.name], sources[opt.name] = opt.parse(args[opt.name], opt.flag), opt.flag
             continue
         env_name = next((n for n in (opt.env(service), opt.env()) if n in environ), None)
         if env_name is not None:
-            out[opt.name] = opt.parse(environ[env_name], env_name)
+            out[opt.name], sources[opt.name] = opt.parse(environ[env_name], env_name), env_name
         elif opt.name in file_values:
-            out[opt.name] = file_values[opt.name]
+            out[opt.name], sources[opt.name] = file_values[opt.name], str(path)
         elif opt.required:
             raise ConfigError(f"{opt.flag} is required (or {opt.env()}, or `{opt.name}` in "
                               f"the --config file)")
         else:
-            out[opt.name] = opt.default
-    return out
+            out[opt.name], sources[opt.name] = opt.default, "default"
+    return out, sources
 
 
 def _read_file(path: str | None, service: str, options: Sequence[Option]) -> dict[str, Value]:
     if not path:
         return {}
-    try:
-        doc = tomllib.loads(Path(path).read_text())
-    except OSError as exc:
-        raise ConfigError(f"--config {path}: cannot read it ({exc.strerror})") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"--config {path}: not valid TOML ({exc})") from None
+    doc = read_toml(path)
     by_name = {o.name: o for o in options}
     section = doc.get(service, {})
     if not isinstance(section, dict):
@@ -175,12 +259,36 @@ def _read_file(path: str | None, service: str, options: Sequence[Option]) -> dic
     merged = {k: v for k, v in doc.items() if not isinstance(v, dict)} | section
     unknown = sorted(set(merged) - set(by_name))
     if unknown:
-        raise ConfigError(f"--config {path}: unknown option(s) {', '.join(unknown)}; "
+        raise ConfigError(f"--config {path}: unknown option(s) {', '.join(unknown)}"
+                          f"{f' in [{service}]' if set(unknown) & set(section) else ''}; "
                           f"known: {', '.join(sorted(by_name))}")
     return {k: by_name[k].parse(v, f"--config {path}: {k}") for k, v in merged.items()}
 
 
+def read_toml(path: str) -> dict[str, Any]:
+    """A configuration file's document; ConfigError when unreadable, not TOML, or with a
+    table not named after a service."""
+    try:
+        doc = tomllib.loads(Path(path).read_text())
+    except OSError as exc:
+        raise ConfigError(f"--config {path}: cannot read it ({exc.strerror})") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"--config {path}: not valid TOML ({exc})") from None
+    tables = sorted(k for k, v in doc.items() if isinstance(v, dict) and k not in SERVICES)
+    if tables:
+        raise ConfigError(f"--config {path}: unknown table(s) {', '.join(tables)}; a table "
+                          f"is named after a service: {', '.join(SERVICES)}")
+    return doc
+
+
+def addresses(values: Mapping[str, Any]) -> tuple[str, str]:
+    """(address to bind, address to advertise) from host, listen_host and advertise_host."""
+    listen = values["listen_host"] or values["host"]
+    return ("0.0.0.0" if listen == "*" else listen), values["advertise_host"] or values["host"]
+
+
 def common_fields(values: dict[str, Any]) -> dict[str, Any]:
     """The ServiceConfig fields (services/shell/service.py) from the COMMON options."""
-    return {"host": values["host"], "http_port": values["http_port"],
+    listen, advertise = addresses(values)
+    return {"host": listen, "advertise_host": advertise, "http_port": values["http_port"],
             "heartbeat_interval": values["heartbeat"], "max_missed": values["max_missed"]}

@@ -4,12 +4,13 @@ reads the core's state without locks and sees it fresh; it may return a `Deferre
 the work (say, the JSON encoding) back on the request's thread. A `Direct` route runs on the
 request's thread only and never waits for the reactor: for views kept off the reactor
 (issue 8: a scrape never delays heartbeats). A response with an ETag answers 304 to a
-request whose If-None-Match names it."""
+request whose If-None-Match names it. A `Stream` route runs on the request's thread too and
+answers with chunks as it makes them (Server-Sent Events), at most MAX_STREAMS at once."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -23,6 +24,7 @@ from services.bus.reactor import Reactor
 log = get_logger("shell.http")
 
 HANDLER_TIMEOUT = 5.0
+MAX_STREAMS = 16  # open Stream answers (each holds a thread); more are answered 503
 
 
 Query = dict[str, list[str]]
@@ -34,10 +36,11 @@ class Response:
     content_type: str
     body: bytes
     etag: str = ""  # a quoted entity tag, or "" for none
+    headers: tuple[tuple[str, str], ...] = ()  # more headers (say, Content-Security-Policy)
 
 
 Deferred = Callable[[], Response]  # the rest of a route's work, on the request's thread
-Route = Callable[[Query], Response | Deferred]
+Handler = Callable[[Query], Response | Deferred]  # a plain route, or a Direct one
 
 
 @dataclass(frozen=True)
@@ -51,9 +54,23 @@ class Direct:
         return self.route(query)
 
 
+@dataclass(frozen=True)
+class Stream:
+    """A route run on the request's thread whose answer goes on: a Response (an error,
+    say), or the chunks of a `content_type` body, written as they come until the client
+    leaves, the iterator ends or the server closes. It must read only what is safe to read
+    from another thread, and yield now and then (a keep-alive) even when idle."""
+
+    route: Callable[[Query], Response | Iterator[bytes]]
+    content_type: str = "text/event-stream; charset=utf-8"
+
+
+Route = Handler | Stream
+
+
 @dataclass
 class _Pending:
-    route: Route
+    route: Handler
     query: Query
     done: threading.Event
     response: Response | Deferred | None = None
@@ -63,6 +80,8 @@ class StatusServer:
     def __init__(self, reactor: Reactor, host: str, port: int, routes: dict[str, Route]) -> None:
         self.routes = routes
         self._mailbox: Mailbox[_Pending] = Mailbox()
+        self._streams = threading.BoundedSemaphore(MAX_STREAMS)
+        self._closed = threading.Event()
         reactor.add_reader(self._mailbox, self._serve_pending)
         outer = self
 
@@ -76,6 +95,9 @@ class StatusServer:
                     self._reply(Response(404, "text/plain", body))
                     return
                 query = parse_qs(url.query)
+                if isinstance(route, Stream):
+                    self._stream(route, query)
+                    return
                 if isinstance(route, Direct):
                     self._reply(_guarded(partial(route, query)))
                     return
@@ -99,8 +121,40 @@ class StatusServer:
                 self.send_header("Content-Length", str(len(resp.body)))
                 if resp.etag:
                     self.send_header("ETag", resp.etag)
+                for name, value in resp.headers:
+                    self.send_header(name, value)
                 self.end_headers()
                 self.wfile.write(resp.body)
+
+            def _stream(self, route: Stream, query: Query) -> None:
+                if not outer._streams.acquire(blocking=False):
+                    self._reply(Response(503, "text/plain", b"too many streams open\n"))
+                    return
+                try:
+                    try:
+                        answer = route.route(query)
+                    except Exception as exc:  # a broken view must not take the service down
+                        log.error("http handler failed", error=repr(exc))
+                        answer = Response(500, "text/plain", f"error: {exc}\n".encode())
+                    if isinstance(answer, Response):
+                        self._reply(answer)
+                        return
+                    self.send_response(200)
+                    self.send_header("Content-Type", route.content_type)
+                    self.send_header("Cache-Control", "no-cache")
+                    self.end_headers()
+                    for chunk in answer:
+                        if outer._closed.is_set():
+                            break
+                        self.wfile.write(chunk)
+                        self.wfile.flush()
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client left
+                except Exception as exc:  # a broken stream must not take the service down
+                    log.error("http stream failed", error=repr(exc))
+                finally:
+                    outer._streams.release()
+                    self.close_connection = True
 
             def log_message(self, format: str, *args: object) -> None:
                 pass  # access logs would drown the service's own lines
@@ -120,6 +174,7 @@ class StatusServer:
             pending.done.set()
 
     def close(self) -> None:
+        self._closed.set()
         self._server.shutdown()
         self._server.server_close()
         self._reactor.remove_reader(self._mailbox)

@@ -4,6 +4,7 @@ logging, tracing), and SIGTERM/SIGINT to a clean stop."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import sys
@@ -11,7 +12,10 @@ from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Any, Protocol
 
+import zmq
+
 from services.bus import log
+from services.bus.election import parse_url
 from services.bus.reactor import Reactor
 from services.shell import config
 from services.shell.config import Option
@@ -37,6 +41,32 @@ def stop_on_signals(reactor: Reactor) -> None:
     signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+
+
+def reach_cluster(url: str, wait: float) -> None:
+    """ConfigError unless the cluster's ZooKeeper answers within `wait` seconds (a file://
+    cluster, or wait 0, is not checked): a mistyped address stops the service at start with
+    one line, not a service waiting forever for an election."""
+    kind, where, _ = parse_url(url)
+    if kind != "zk" or wait <= 0:
+        return
+    from kazoo.client import KazooClient
+    from kazoo.handlers.threading import KazooTimeoutError
+
+    hosts = where.split("/", 1)[0]
+    quiet = logging.getLogger("kazoo")
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)  # its retries' warnings would bury the one line
+    client = KazooClient(hosts=hosts, timeout=max(wait, 1.0))
+    try:
+        client.start(timeout=wait)
+    except KazooTimeoutError:
+        raise config.ConfigError(f"cannot reach ZooKeeper at {hosts} (--cluster {url}) "
+                                 f"within {wait:g} s (--zk-wait)") from None
+    finally:
+        client.stop()
+        client.close()
+        quiet.setLevel(level)
 
 
 def setup(service: str, level: str | None) -> None:
@@ -77,9 +107,15 @@ def main(service: str, options: Sequence[Option], build: Callable[[dict[str, Any
         return 2
     setup(service, values["log_level"])
     try:
+        reach_cluster(values["cluster"], values["zk_wait"])
         shell = build(values)
-    except ValueError as exc:
+    except (ValueError, config.ConfigError) as exc:
         print(f"offerbus-{service}: {exc}", file=sys.stderr)
+        return 2
+    except (OSError, zmq.ZMQError) as exc:  # an address not of this machine, a port taken
+        listen, advertise = config.addresses(values)
+        print(f"offerbus-{service}: cannot start: {exc} (listening on {listen}, "
+              f"advertising {advertise})", file=sys.stderr)
         return 2
     attributes = trace_attributes(shell) if trace_attributes else {"id": str(values["id"])}
     telemetry.setup(f"offerbus-{service}", batch=True, **attributes)

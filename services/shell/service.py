@@ -16,6 +16,7 @@ from services.bus.log import get_logger
 from services.bus.peer import HeartbeatConfig, Sender
 from services.bus.reactor import Reactor
 from services.bus.stats import Stats
+from services.shell.config import DEFAULT_HOST
 from services.shell.driver import CoreDriver
 from services.shell.http import Response, Route, StatusServer
 from services.shell.leader import LeaderLifecycle
@@ -26,7 +27,8 @@ from services.shell.metrics import CONTENT_TYPE, Metrics
 class ServiceConfig:
     """What every service's configuration holds (the kit's COMMON options)."""
 
-    host: str = "127.0.0.1"  # address to bind and advertise
+    host: str = DEFAULT_HOST  # address to bind (0.0.0.0: every interface)
+    advertise_host: str = ""  # address others connect to; "" = host
     http_port: int = 0  # /health, /metrics; 0 = any free port
     heartbeat_interval: float = 1.0
     max_missed: int = 5
@@ -53,6 +55,7 @@ class ServiceKit:
         self.sender = Sender(member_id, role)
         self.beat = HeartbeatConfig(config.heartbeat_interval, config.max_missed)
         self.host, self._http_port = config.host, config.http_port
+        self.advertise_host = config.advertise_host or config.host
         self.http: StatusServer | None = None
         self.leader: LeaderLifecycle | None = None
         self.endpoints: dict[str, str] = {}
@@ -62,8 +65,15 @@ class ServiceKit:
     def start_http(self, routes: dict[str, Route] | None = None) -> StatusServer:
         self.http = StatusServer(self.reactor, self.host, self._http_port, {
             "/health": self._http_health, "/metrics": self._http_metrics, **(routes or {})})
-        self.endpoints["http"] = self.http.url
+        self.endpoints["http"] = self.advertised(self.http.url)
         return self.http
+
+    def advertised(self, endpoint: str) -> str:
+        """`endpoint` (tcp://H:P or http://H:P, as bound) with the host others connect to."""
+        scheme, sep, rest = endpoint.partition("://")
+        _, colon, port = rest.rpartition(":")
+        return f"{scheme}{sep}{self.advertise_host}{colon}{port}" if sep and colon \
+            else endpoint
 
     def health(self) -> dict[str, Any]:
         """This service's facts for /health (subclasses add theirs)."""
@@ -105,6 +115,8 @@ class ServiceKit:
             leaderships.inc()
             lead(epoch)
 
+        # As others reach them: the host part is the advertised address, not the bound one.
+        self.endpoints.update({name: self.advertised(e) for name, e in self.endpoints.items()})
         self.leader = LeaderLifecycle(self.reactor, url, self.service, self.member_id,
                                       self.endpoints, lead=on_lead, pause=pause,
                                       resume=resume, step_down=step_down, stats=self.stats)

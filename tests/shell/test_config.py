@@ -30,12 +30,13 @@ def test_defaults_then_file_then_environment_then_flags(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("argv", "env", "message"), [
     ([], {}, "--cluster is required"),
-    (["--cluster", "x", "--heartbeat", "fast"], {}, "--heartbeat: expected a number"),
-    (["--cluster", "x", "--max-missed", "2.5"], {}, "--max-missed: "),
-    (["--cluster", "x"], {"OFFERBUS_OFFER_TIMEOUT": "-1"}, "OFFERBUS_OFFER_TIMEOUT: must be >= 0"),
-    (["--cluster", "x"], {"OFFERBUS_HEARTBEAT": "nan"}, "must be a finite number"),
-    (["--cluster", "x", "--log-level", "LOUD"], {}, "must be one of DEBUG"),
-    (["--cluster", "x", "--http-port", "70000"], {}, "must be <= 65535"),
+    (["--cluster", "file:///x", "--heartbeat", "fast"], {}, "--heartbeat: expected a number"),
+    (["--cluster", "file:///x", "--max-missed", "2.5"], {}, "--max-missed: "),
+    (["--cluster", "file:///x"], {"OFFERBUS_OFFER_TIMEOUT": "-1"},
+     "OFFERBUS_OFFER_TIMEOUT: must be >= 0"),
+    (["--cluster", "file:///x"], {"OFFERBUS_HEARTBEAT": "nan"}, "must be a finite number"),
+    (["--cluster", "file:///x", "--log-level", "LOUD"], {}, "must be one of DEBUG"),
+    (["--cluster", "file:///x", "--http-port", "70000"], {}, "must be <= 65535"),
 ])
 def test_bad_values_name_their_source(argv: list[str], env: dict[str, str],
                                       message: str) -> None:
@@ -45,7 +46,7 @@ def test_bad_values_name_their_source(argv: list[str], env: dict[str, str],
 
 def test_choices_are_case_insensitive() -> None:
     """OFFERBUS_LOG_LEVEL=debug is what bus/log.py and the executors always took."""
-    v = load("broker", OPTIONS, ["--cluster", "x"], environ={"OFFERBUS_LOG_LEVEL": "debug"})
+    v = load("broker", OPTIONS, ["--cluster", "file:///x"], environ={"OFFERBUS_LOG_LEVEL": "debug"})
     assert v["log_level"] == "DEBUG"
 
 
@@ -58,11 +59,11 @@ def test_bad_files_are_refused_with_the_reason(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not valid TOML"):
         load("broker", OPTIONS, ["--config", str(broken)], environ={})
     typo = tmp_path / "typo.toml"
-    typo.write_text('cluster = "x"\n[broker]\noffer_timout = 3\n')
+    typo.write_text('cluster = "file:///x"\n[broker]\noffer_timout = 3\n')
     with pytest.raises(ConfigError, match=r"unknown option.*offer_timout"):
         load("broker", OPTIONS, ["--config", str(typo)], environ={})
     wrong = tmp_path / "wrong.toml"
-    wrong.write_text('cluster = "x"\nheartbeat = "soon"\n')
+    wrong.write_text('cluster = "file:///x"\nheartbeat = "soon"\n')
     with pytest.raises(ConfigError, match="heartbeat: expected a number"):
         load("broker", OPTIONS, [], environ={"OFFERBUS_CONFIG": str(wrong)})
 
