@@ -544,6 +544,7 @@ class Offer(_message.Message):
     EXPIRES_AT_US_FIELD_NUMBER: _builtins.int
     ALLOCATION_ID_FIELD_NUMBER: _builtins.int
     TRACEPARENT_FIELD_NUMBER: _builtins.int
+    REVOCABLE_FIELD_NUMBER: _builtins.int
     offer_id: _builtins.str
     framework_id: _builtins.str
     agent_id: _builtins.str
@@ -555,6 +556,10 @@ class Offer(_message.Message):
     traceparent: _builtins.str
     """W3C traceparent of the offer's span; a framework continues this trace in the
     envelope of its Accept or Decline.
+    """
+    revocable: _builtins.bool
+    """Beyond the framework's guaranteed share (issue 9): tasks launched on it are revocable
+    (Mesos marks such resources `revocable: {}`; here the whole offer is).
     """
     @_builtins.property
     def resources(self) -> _containers.RepeatedCompositeFieldContainer[Global___Resource]: ...
@@ -572,10 +577,11 @@ class Offer(_message.Message):
         expires_at_us: _builtins.int = ...,
         allocation_id: _builtins.str = ...,
         traceparent: _builtins.str = ...,
+        revocable: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "allocation_id", b"allocation_id", "attributes", b"attributes", "expires_at_us", b"expires_at_us", "framework_id", b"framework_id", "hostname", b"hostname", "offer_id", b"offer_id", "resources", b"resources", "traceparent", b"traceparent"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "allocation_id", b"allocation_id", "attributes", b"attributes", "expires_at_us", b"expires_at_us", "framework_id", b"framework_id", "hostname", b"hostname", "offer_id", b"offer_id", "resources", b"resources", "revocable", b"revocable", "traceparent", b"traceparent"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1013,12 +1019,17 @@ class TaskInfo(_message.Message):
     HEALTH_CHECK_FIELD_NUMBER: _builtins.int
     KILL_GRACE_PERIOD_S_FIELD_NUMBER: _builtins.int
     LABELS_FIELD_NUMBER: _builtins.int
+    REVOCABLE_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Unique within the framework; chosen by the framework."""
     name: _builtins.str
     agent_id: _builtins.str
     kill_grace_period_s: _builtins.float
     """Time between SIGTERM and SIGKILL on kill; unset = the agent default (3 s)."""
+    revocable: _builtins.bool
+    """Set by the offer broker (whatever the framework says): launched on a revocable offer,
+    so the first of its framework's tasks a revocation kills.
+    """
     @_builtins.property
     def resources(self) -> _containers.RepeatedCompositeFieldContainer[Global___Resource]: ...
     @_builtins.property
@@ -1041,10 +1052,11 @@ class TaskInfo(_message.Message):
         health_check: Global___HealthCheck | None = ...,
         kill_grace_period_s: _builtins.float | None = ...,
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        revocable: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_kill_grace_period_s", b"_kill_grace_period_s", "command", b"command", "container", b"container", "health_check", b"health_check", "kill_grace_period_s", b"kill_grace_period_s"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_kill_grace_period_s", b"_kill_grace_period_s", "agent_id", b"agent_id", "command", b"command", "container", b"container", "health_check", b"health_check", "kill_grace_period_s", b"kill_grace_period_s", "labels", b"labels", "name", b"name", "resources", b"resources", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_kill_grace_period_s", b"_kill_grace_period_s", "agent_id", b"agent_id", "command", b"command", "container", b"container", "health_check", b"health_check", "kill_grace_period_s", b"kill_grace_period_s", "labels", b"labels", "name", b"name", "resources", b"resources", "revocable", b"revocable", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__kill_grace_period_s: _TypeAlias = _typing.Literal["kill_grace_period_s"]  # noqa: Y015
     _WhichOneofArgType__kill_grace_period_s: _TypeAlias = _typing.Literal["_kill_grace_period_s", b"_kill_grace_period_s"]  # noqa: Y015

@@ -26,7 +26,7 @@ from schemas import common_pb2 as schemas_dot_common__pb2
 from schemas import scheduler_pb2 as schemas_dot_scheduler__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16schemas/internal.proto\x12\x0bofferbus.v1\x1a\x14schemas/common.proto\x1a\x17schemas/scheduler.proto\"\xea\x01\n\nAllocation\x12\x15\n\rallocation_id\x18\x01 \x01(\t\x12\x14\n\x0c\x66ramework_id\x18\x02 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x03 \x01(\t\x12\x0c\n\x04role\x18\x04 \x01(\t\x12(\n\tresources\x18\x05 \x03(\x0b\x32\x15.offerbus.v1.Resource\x12\x16\n\x0e\x64ominant_share\x18\x06 \x01(\x01\x12\x19\n\x11\x64ominant_resource\x18\x07 \x01(\t\x12\x0e\n\x06weight\x18\x08 \x01(\x01\x12\r\n\x05\x63ycle\x18\t \x01(\x04\x12\x13\n\x0btraceparent\x18\n \x01(\t\"\xe0\x04\n\x11\x41llocatorDecision\x12\x14\n\x0c\x66ramework_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x37\n\x07outcome\x18\x03 \x01(\x0e\x32&.offerbus.v1.AllocatorDecision.Outcome\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x16\n\x0e\x64ominant_share\x18\x05 \x01(\x01\x12\x19\n\x11\x64ominant_resource\x18\x06 \x01(\t\x12\x0e\n\x06weight\x18\x07 \x01(\x01\x12:\n\x06shares\x18\x08 \x03(\x0b\x32*.offerbus.v1.AllocatorDecision.SharesEntry\x12\x16\n\x0e\x61llocation_ids\x18\t \x03(\t\x12\x17\n\x0f\x61gents_filtered\x18\n \x01(\r\x12\r\n\x05\x63ycle\x18\x0b \x01(\x04\x12\x15\n\rdecided_at_us\x18\x0c \x01(\x03\x1a-\n\x0bSharesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xd8\x01\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x13\n\x0fOUTCOME_OFFERED\x10\x01\x12\x16\n\x12OUTCOME_SUPPRESSED\x10\x02\x12\x14\n\x10OUTCOME_FILTERED\x10\x03\x12\x12\n\x0eOUTCOME_NO_FIT\x10\x04\x12\x16\n\x12OUTCOME_FAIR_SHARE\x10\x05\x12\x17\n\x13OUTCOME_QUOTA_LIMIT\x10\x06\x12\x14\n\x10OUTCOME_INACTIVE\x10\x07\x12\x16\n\x12OUTCOME_DEMAND_MET\x10\x08\"\xd5\x12\n\x0fInternalMessage\x12?\n\x0b\x61llocations\x18\x01 \x01(\x0b\x32(.offerbus.v1.InternalMessage.AllocationsH\x00\x12J\n\x11recover_resources\x18\x02 \x01(\x0b\x32-.offerbus.v1.InternalMessage.RecoverResourcesH\x00\x12\x42\n\rrevive_offers\x18\x03 \x01(\x0b\x32).offerbus.v1.InternalMessage.ReviveOffersH\x00\x12\x46\n\x0fsuppress_offers\x18\x04 \x01(\x0b\x32+.offerbus.v1.InternalMessage.SuppressOffersH\x00\x12\x44\n\x0e\x66ramework_call\x18\x05 \x01(\x0b\x32*.offerbus.v1.InternalMessage.FrameworkCallH\x00\x12\x46\n\x0f\x66ramework_event\x18\x06 \x01(\x0b\x32+.offerbus.v1.InternalMessage.FrameworkEventH\x00\x12\x44\n\x0elaunch_request\x18\x07 \x01(\x0b\x32*.offerbus.v1.InternalMessage.LaunchRequestH\x00\x12\x42\n\rlaunch_result\x18\x08 \x01(\x0b\x32).offerbus.v1.InternalMessage.LaunchResultH\x00\x12N\n\x13\x61llocator_decisions\x18\t \x01(\x0b\x32/.offerbus.v1.InternalMessage.AllocatorDecisionsH\x00\x12\x44\n\x0ereclaim_offers\x18\n \x01(\x0b\x32*.offerbus.v1.InternalMessage.ReclaimOffersH\x00\x12H\n\x10revoke_resources\x18\x0b \x01(\x0b\x32,.offerbus.v1.InternalMessage.RevokeResourcesH\x00\x1a;\n\x0b\x41llocations\x12,\n\x0b\x61llocations\x18\x01 \x03(\x0b\x32\x17.offerbus.v1.Allocation\x1a\xc3\x04\n\x10RecoverResources\x12J\n\nrecoveries\x18\x01 \x03(\x0b\x32\x36.offerbus.v1.InternalMessage.RecoverResources.Recovery\x1a\x84\x02\n\x08Recovery\x12\x14\n\x0c\x66ramework_id\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12(\n\tresources\x18\x03 \x03(\x0b\x32\x15.offerbus.v1.Resource\x12\x44\n\x06reason\x18\x04 \x01(\x0e\x32\x34.offerbus.v1.InternalMessage.RecoverResources.Reason\x12%\n\x07\x66ilters\x18\x05 \x01(\x0b\x32\x14.offerbus.v1.Filters\x12\x10\n\x08offer_id\x18\x06 \x01(\t\x12\x15\n\rallocation_id\x18\x07 \x01(\t\x12\x10\n\x08task_ids\x18\x08 \x03(\t\"\xdb\x01\n\x06Reason\x12\x1e\n\x1aRECOVER_REASON_UNSPECIFIED\x10\x00\x12\x1b\n\x17RECOVER_REASON_DECLINED\x10\x01\x12\x19\n\x15RECOVER_REASON_UNUSED\x10\x02\x12\x1a\n\x16RECOVER_REASON_EXPIRED\x10\x03\x12\x1c\n\x18RECOVER_REASON_RESCINDED\x10\x04\x12\"\n\x1eRECOVER_REASON_LAUNCH_REJECTED\x10\x05\x12\x1b\n\x17RECOVER_REASON_LAUNCHED\x10\x06\x1a\x33\n\x0cReviveOffers\x12\x14\n\x0c\x66ramework_id\x18\x01 \x01(\t\x12\r\n\x05roles\x18\x02 \x03(\t\x1a\x35\n\x0eSuppressOffers\x12\x14\n\x0c\x66ramework_id\x18\x01 \x01(\t\x12\r\n\x05roles\x18\x02 \x03(\t\x1aO\n\rFrameworkCall\x12\x14\n\x0c\x66ramework_id\x18\x01 \x01(\t\x12(\n\x04\x63\x61ll\x18\x02 \x01(\x0b\x32\x1a.offerbus.v1.SchedulerCall\x1aR\n\x0e\x46rameworkEvent\x12\x14\n\x0c\x66ramework_id\x18\x01 \x01(\t\x12*\n\x05\x65vent\x18\x02 \x01(\x0b\x32\x1b.offerbus.v1.SchedulerEvent\x1a\x8a\x01\n\rLaunchRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x14\n\x0c\x66ramework_id\x18\x02 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x03 \x01(\t\x12\x11\n\toffer_ids\x18\x04 \x03(\t\x12*\n\noperations\x18\x05 \x03(\x0b\x32\x16.offerbus.v1.Operation\x1a\x82\x01\n\x0cLaunchResult\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x08\x12)\n\x06reason\x18\x03 \x01(\x0e\x32\x19.offerbus.v1.RejectReason\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x10\n\x08task_ids\x18\x05 \x03(\t\x1a\x98\x01\n\rReclaimOffers\x12\x44\n\x08reclaims\x18\x01 \x03(\x0b\x32\x32.offerbus.v1.InternalMessage.ReclaimOffers.Reclaim\x1a\x41\n\x07Reclaim\x12\x14\n\x0c\x66ramework_id\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x1a\x9e\x01\n\x0fRevokeResources\x12\x14\n\x0c\x66ramework_id\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12(\n\tresources\x18\x03 \x03(\x0b\x32\x15.offerbus.v1.Resource\x12\x0f\n\x07grace_s\x18\x04 \x01(\x01\x12\x18\n\x10\x66or_framework_id\x18\x05 \x01(\t\x12\x0e\n\x06reason\x18\x06 \x01(\t\x1aG\n\x12\x41llocatorDecisions\x12\x31\n\tdecisions\x18\x01 \x03(\x0b\x32\x1e.offerbus.v1.AllocatorDecisionB\x06\n\x04kindb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16schemas/internal.proto\x12\x0bofferbus.v1\x1a\x14schemas/common.proto\x1a\x17schemas/scheduler.proto\"\xfd\x01\n\nAllocation\x12\x15\n\rallocation_id\x18\x01 \x01(\t\x12\x14\n\x0c\x66ramework_id\x18\x02 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x03 \x01(\t\x12\x0c\n\x04role\x18\x04 \x01(\t\x12(\n\tresources\x18\x05 \x03(\x0b\x32\x15.offerbus.v1.Resource\x12\x16\n\x0e\x64ominant_share\x18\x06 \x01(\x01\x12\x19\n\x11\x64ominant_resource\x18\x07 \x01(\t\x12\x0e\n\x06weight\x18\x08 \x01(\x01\x12\r\n\x05\x63ycle\x18\t \x01(\x04\x12\x13\n\x0btraceparent\x18\n \x01(\t\x12\x11\n\trevocable\x18\x0b \x01(\x08\"\xe0\x04\n\x11\x41llocatorDecision\x12\x14\n\x0c\x66ramework_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x37\n\x07outcome\x18\x03 \x01(\x0e\x32&.offerbus.v1.AllocatorDecision.Outcome\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x16\n\x0e\x64ominant_share\x18\x05 \x01(\x01\x12\x19\n\x11\x64ominant_resource\x18\x06 \x01(\t\x12\x0e\n\x06weight\x18\x07 \x01(\x01\x12:\n\x06shares\x18\x08 \x03(\x0b\x32*.offerbus.v1.AllocatorDecision.SharesEntry\x12\x16\n\x0e\x61llocation_ids\x18\t \x03(\t\x12\x17\n\x0f\x61gents_filtered\x18\n \x01(\r\x12\r\n\x05\x63ycle\x18\x0b \x01(\x04\x12\x15\n\rdecided_at_us\x18\x0c \x01(\x03\x1a-\n\x0bSharesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xd8\x01\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x13\n\x0fOUTCOME_OFFERED\x10\x01\x12\x16\n\x12OUTCOME_SUPPRESSED\x10\x02\x12\x14\n\x10OUTCOME_FILTERED\x10\x03\x12\x12\n\x0eOUTCOME_NO_FIT\x10\x04\x12\x16\n\x12OUTCOME_FAIR_SHARE\x10\x05\x12\x17\n\x13OUTCOME_QUOTA_LIMIT\x10\x06\x12\x14\n\x10OUTCOME_INACTIVE\x10\x07\x12\x16\n\x12OUTCOME_DEMAND_MET\x10\x08\"\xd5\x12\n\x0fInternalMessage\x12?\n\x0b\x61llocations\x18\x01 \x01(\x0b\x32(.offerbus.v1.InternalMessage.AllocationsH\x00\x12J\n\x11recover_resources\x18\x02 \x01(\x0b\x32-.offerbus.v1.InternalMessage.RecoverResourcesH\x00\x12\x42\n\rrevive_offers\x18\x03 \x01(\x0b\x32).offerbus.v1.InternalMessage.ReviveOffersH\x00\x12\x46\n\x0fsuppress_offers\x18\x04 \x01(\x0b\x32+.offerbus.v1.InternalMessage.SuppressOffersH\x00\x12\x44\n\x0e\x66ramework_call\x18\x05 \x01(\x0b\x32*.offerbus.v1.InternalMessage.FrameworkCallH\x00\x12\x46\n\x0f\x66ramework_event\x18\x06 \x01(\x0b\x32+.offerbus.v1.InternalMessage.FrameworkEventH\x00\x12\x44\n\x0elaunch_request\x18\x07 \x01(\x0b\x32*.offerbus.v1.InternalMessage.LaunchRequestH\x00\x12\x42\n\rlaunch_result\x18\x08 \x01(\x0b\x32).offerbus.v1.InternalMessage.LaunchResultH\x00\x12N\n\x13\x61llocator_decisions\x18\t \x01(\x0b\x32/.offerbus.v1.InternalMessage.AllocatorDecisionsH\x00\x12\x44\n\x0ereclaim_offers\x18\n \x01(\x0b\x32*.offerbus.v1.InternalMessage.ReclaimOffersH\x00\x12H\n\x10revoke_resources\x18\x0b \x01(\x0b\x32,.offerbus.v1.InternalMessage.RevokeResourcesH\x00\x1a;\n\x0b\x41llocations\x12,\n\x0b\x61llocations\x18\x01 \x03(\x0b\x32\x17.offerbus.v1.Allocation\x1a\xc3\x04\n\x10RecoverResources\x12J\n\nrecoveries\x18\x01 \x03(\x0b\x32\x36.offerbus.v1.InternalMessage.RecoverResources.Recovery\x1a\x84\x02\n\x08Recovery\x12\x14\n\x0c\x66ramework_id\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12(\n\tresources\x18\x03 \x03(\x0b\x32\x15.offerbus.v1.Resource\x12\x44\n\x06reason\x18\x04 \x01(\x0e\x32\x34.offerbus.v1.InternalMessage.RecoverResources.Reason\x12%\n\x07\x66ilters\x18\x05 \x01(\x0b\x32\x14.offerbus.v1.Filters\x12\x10\n\x08offer_id\x18\x06 \x01(\t\x12\x15\n\rallocation_id\x18\x07 \x01(\t\x12\x10\n\x08task_ids\x18\x08 \x03(\t\"\xdb\x01\n\x06Reason\x12\x1e\n\x1aRECOVER_REASON_UNSPECIFIED\x10\x00\x12\x1b\n\x17RECOVER_REASON_DECLINED\x10\x01\x12\x19\n\x15RECOVER_REASON_UNUSED\x10\x02\x12\x1a\n\x16RECOVER_REASON_EXPIRED\x10\x03\x12\x1c\n\x18RECOVER_REASON_RESCINDED\x10\x04\x12\"\n\x1eRECOVER_REASON_LAUNCH_REJECTED\x10\x05\x12\x1b\n\x17RECOVER_REASON_LAUNCHED\x10\x06\x1a\x33\n\x0cReviveOffers\x12\x14\n\x0c\x66ramework_id\x18\x01 \x01(\t\x12\r\n\x05roles\x18\x02 \x03(\t\x1a\x35\n\x0eSuppressOffers\x12\x14\n\x0c\x66ramework_id\x18\x01 \x01(\t\x12\r\n\x05roles\x18\x02 \x03(\t\x1aO\n\rFrameworkCall\x12\x14\n\x0c\x66ramework_id\x18\x01 \x01(\t\x12(\n\x04\x63\x61ll\x18\x02 \x01(\x0b\x32\x1a.offerbus.v1.SchedulerCall\x1aR\n\x0e\x46rameworkEvent\x12\x14\n\x0c\x66ramework_id\x18\x01 \x01(\t\x12*\n\x05\x65vent\x18\x02 \x01(\x0b\x32\x1b.offerbus.v1.SchedulerEvent\x1a\x8a\x01\n\rLaunchRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x14\n\x0c\x66ramework_id\x18\x02 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x03 \x01(\t\x12\x11\n\toffer_ids\x18\x04 \x03(\t\x12*\n\noperations\x18\x05 \x03(\x0b\x32\x16.offerbus.v1.Operation\x1a\x82\x01\n\x0cLaunchResult\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x08\x12)\n\x06reason\x18\x03 \x01(\x0e\x32\x19.offerbus.v1.RejectReason\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x10\n\x08task_ids\x18\x05 \x03(\t\x1a\x98\x01\n\rReclaimOffers\x12\x44\n\x08reclaims\x18\x01 \x03(\x0b\x32\x32.offerbus.v1.InternalMessage.ReclaimOffers.Reclaim\x1a\x41\n\x07Reclaim\x12\x14\n\x0c\x66ramework_id\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x1a\x9e\x01\n\x0fRevokeResources\x12\x14\n\x0c\x66ramework_id\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12(\n\tresources\x18\x03 \x03(\x0b\x32\x15.offerbus.v1.Resource\x12\x0f\n\x07grace_s\x18\x04 \x01(\x01\x12\x18\n\x10\x66or_framework_id\x18\x05 \x01(\t\x12\x0e\n\x06reason\x18\x06 \x01(\t\x1aG\n\x12\x41llocatorDecisions\x12\x31\n\tdecisions\x18\x01 \x03(\x0b\x32\x1e.offerbus.v1.AllocatorDecisionB\x06\n\x04kindb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,41 +36,41 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ALLOCATORDECISION_SHARESENTRY']._loaded_options = None
   _globals['_ALLOCATORDECISION_SHARESENTRY']._serialized_options = b'8\001'
   _globals['_ALLOCATION']._serialized_start=87
-  _globals['_ALLOCATION']._serialized_end=321
-  _globals['_ALLOCATORDECISION']._serialized_start=324
-  _globals['_ALLOCATORDECISION']._serialized_end=932
-  _globals['_ALLOCATORDECISION_SHARESENTRY']._serialized_start=668
-  _globals['_ALLOCATORDECISION_SHARESENTRY']._serialized_end=713
-  _globals['_ALLOCATORDECISION_OUTCOME']._serialized_start=716
-  _globals['_ALLOCATORDECISION_OUTCOME']._serialized_end=932
-  _globals['_INTERNALMESSAGE']._serialized_start=935
-  _globals['_INTERNALMESSAGE']._serialized_end=3324
-  _globals['_INTERNALMESSAGE_ALLOCATIONS']._serialized_start=1739
-  _globals['_INTERNALMESSAGE_ALLOCATIONS']._serialized_end=1798
-  _globals['_INTERNALMESSAGE_RECOVERRESOURCES']._serialized_start=1801
-  _globals['_INTERNALMESSAGE_RECOVERRESOURCES']._serialized_end=2380
-  _globals['_INTERNALMESSAGE_RECOVERRESOURCES_RECOVERY']._serialized_start=1898
-  _globals['_INTERNALMESSAGE_RECOVERRESOURCES_RECOVERY']._serialized_end=2158
-  _globals['_INTERNALMESSAGE_RECOVERRESOURCES_REASON']._serialized_start=2161
-  _globals['_INTERNALMESSAGE_RECOVERRESOURCES_REASON']._serialized_end=2380
-  _globals['_INTERNALMESSAGE_REVIVEOFFERS']._serialized_start=2382
-  _globals['_INTERNALMESSAGE_REVIVEOFFERS']._serialized_end=2433
-  _globals['_INTERNALMESSAGE_SUPPRESSOFFERS']._serialized_start=2435
-  _globals['_INTERNALMESSAGE_SUPPRESSOFFERS']._serialized_end=2488
-  _globals['_INTERNALMESSAGE_FRAMEWORKCALL']._serialized_start=2490
-  _globals['_INTERNALMESSAGE_FRAMEWORKCALL']._serialized_end=2569
-  _globals['_INTERNALMESSAGE_FRAMEWORKEVENT']._serialized_start=2571
-  _globals['_INTERNALMESSAGE_FRAMEWORKEVENT']._serialized_end=2653
-  _globals['_INTERNALMESSAGE_LAUNCHREQUEST']._serialized_start=2656
-  _globals['_INTERNALMESSAGE_LAUNCHREQUEST']._serialized_end=2794
-  _globals['_INTERNALMESSAGE_LAUNCHRESULT']._serialized_start=2797
-  _globals['_INTERNALMESSAGE_LAUNCHRESULT']._serialized_end=2927
-  _globals['_INTERNALMESSAGE_RECLAIMOFFERS']._serialized_start=2930
-  _globals['_INTERNALMESSAGE_RECLAIMOFFERS']._serialized_end=3082
-  _globals['_INTERNALMESSAGE_RECLAIMOFFERS_RECLAIM']._serialized_start=3017
-  _globals['_INTERNALMESSAGE_RECLAIMOFFERS_RECLAIM']._serialized_end=3082
-  _globals['_INTERNALMESSAGE_REVOKERESOURCES']._serialized_start=3085
-  _globals['_INTERNALMESSAGE_REVOKERESOURCES']._serialized_end=3243
-  _globals['_INTERNALMESSAGE_ALLOCATORDECISIONS']._serialized_start=3245
-  _globals['_INTERNALMESSAGE_ALLOCATORDECISIONS']._serialized_end=3316
+  _globals['_ALLOCATION']._serialized_end=340
+  _globals['_ALLOCATORDECISION']._serialized_start=343
+  _globals['_ALLOCATORDECISION']._serialized_end=951
+  _globals['_ALLOCATORDECISION_SHARESENTRY']._serialized_start=687
+  _globals['_ALLOCATORDECISION_SHARESENTRY']._serialized_end=732
+  _globals['_ALLOCATORDECISION_OUTCOME']._serialized_start=735
+  _globals['_ALLOCATORDECISION_OUTCOME']._serialized_end=951
+  _globals['_INTERNALMESSAGE']._serialized_start=954
+  _globals['_INTERNALMESSAGE']._serialized_end=3343
+  _globals['_INTERNALMESSAGE_ALLOCATIONS']._serialized_start=1758
+  _globals['_INTERNALMESSAGE_ALLOCATIONS']._serialized_end=1817
+  _globals['_INTERNALMESSAGE_RECOVERRESOURCES']._serialized_start=1820
+  _globals['_INTERNALMESSAGE_RECOVERRESOURCES']._serialized_end=2399
+  _globals['_INTERNALMESSAGE_RECOVERRESOURCES_RECOVERY']._serialized_start=1917
+  _globals['_INTERNALMESSAGE_RECOVERRESOURCES_RECOVERY']._serialized_end=2177
+  _globals['_INTERNALMESSAGE_RECOVERRESOURCES_REASON']._serialized_start=2180
+  _globals['_INTERNALMESSAGE_RECOVERRESOURCES_REASON']._serialized_end=2399
+  _globals['_INTERNALMESSAGE_REVIVEOFFERS']._serialized_start=2401
+  _globals['_INTERNALMESSAGE_REVIVEOFFERS']._serialized_end=2452
+  _globals['_INTERNALMESSAGE_SUPPRESSOFFERS']._serialized_start=2454
+  _globals['_INTERNALMESSAGE_SUPPRESSOFFERS']._serialized_end=2507
+  _globals['_INTERNALMESSAGE_FRAMEWORKCALL']._serialized_start=2509
+  _globals['_INTERNALMESSAGE_FRAMEWORKCALL']._serialized_end=2588
+  _globals['_INTERNALMESSAGE_FRAMEWORKEVENT']._serialized_start=2590
+  _globals['_INTERNALMESSAGE_FRAMEWORKEVENT']._serialized_end=2672
+  _globals['_INTERNALMESSAGE_LAUNCHREQUEST']._serialized_start=2675
+  _globals['_INTERNALMESSAGE_LAUNCHREQUEST']._serialized_end=2813
+  _globals['_INTERNALMESSAGE_LAUNCHRESULT']._serialized_start=2816
+  _globals['_INTERNALMESSAGE_LAUNCHRESULT']._serialized_end=2946
+  _globals['_INTERNALMESSAGE_RECLAIMOFFERS']._serialized_start=2949
+  _globals['_INTERNALMESSAGE_RECLAIMOFFERS']._serialized_end=3101
+  _globals['_INTERNALMESSAGE_RECLAIMOFFERS_RECLAIM']._serialized_start=3036
+  _globals['_INTERNALMESSAGE_RECLAIMOFFERS_RECLAIM']._serialized_end=3101
+  _globals['_INTERNALMESSAGE_REVOKERESOURCES']._serialized_start=3104
+  _globals['_INTERNALMESSAGE_REVOKERESOURCES']._serialized_end=3262
+  _globals['_INTERNALMESSAGE_ALLOCATORDECISIONS']._serialized_start=3264
+  _globals['_INTERNALMESSAGE_ALLOCATORDECISIONS']._serialized_end=3335
 # @@protoc_insertion_point(module_scope)

@@ -45,6 +45,7 @@ class Allocation(_message.Message):
     WEIGHT_FIELD_NUMBER: _builtins.int
     CYCLE_FIELD_NUMBER: _builtins.int
     TRACEPARENT_FIELD_NUMBER: _builtins.int
+    REVOCABLE_FIELD_NUMBER: _builtins.int
     allocation_id: _builtins.str
     framework_id: _builtins.str
     agent_id: _builtins.str
@@ -59,6 +60,8 @@ class Allocation(_message.Message):
     """The allocation cycle this came from (counts up within an allocator epoch)."""
     traceparent: _builtins.str
     """W3C traceparent of this allocation's span; the offer's span is its child."""
+    revocable: _builtins.bool
+    """It takes the framework beyond its guaranteed share: its offer is revocable."""
     @_builtins.property
     def resources(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Resource]: ...
     def __init__(
@@ -74,10 +77,11 @@ class Allocation(_message.Message):
         weight: _builtins.float = ...,
         cycle: _builtins.int = ...,
         traceparent: _builtins.str = ...,
+        revocable: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "allocation_id", b"allocation_id", "cycle", b"cycle", "dominant_resource", b"dominant_resource", "dominant_share", b"dominant_share", "framework_id", b"framework_id", "resources", b"resources", "role", b"role", "traceparent", b"traceparent", "weight", b"weight"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "allocation_id", b"allocation_id", "cycle", b"cycle", "dominant_resource", b"dominant_resource", "dominant_share", b"dominant_share", "framework_id", b"framework_id", "resources", b"resources", "revocable", b"revocable", "role", b"role", "traceparent", b"traceparent", "weight", b"weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -28,6 +28,7 @@ from services.allocator.model import (
 )
 from services.allocator.reclaim import Plan
 from services.allocator.reclaim import plan as plan_reclaims
+from services.allocator.reserved import as_held, follow_split, overlap, swap_for_use
 from services.allocator.sorter import DRFSorter, Sorter, scalar_vector
 from services.resources import MILLI, Resources
 
@@ -120,6 +121,20 @@ class AllocatorCore:
         self.sorter.add_total(total)
         agent.total, agent.free = total, total - allocated
         self._dirty.add(agent_id)
+
+    def agent_total_changed(self, agent_id: str, total: Resources) -> None:
+        """The agent's total as the master now has it: reconfigured, or a reservation made
+        or undone inside an ACCEPT (another reserved/unreserved split of the same amounts):
+        its frameworks' offers there follow the split (reserved.py), then as agent_updated."""
+        agent = self._agent(agent_id)
+        before = agent.offered
+        agent.offered = follow_split(agent.total, total, before,
+                                     {fid: self.frameworks[fid].role for fid in before})
+        try:
+            self.agent_updated(agent_id, total)
+        except AllocatorError:
+            agent.offered = before
+            raise
 
     def agent_removed(self, agent_id: str) -> None:
         """The agent is gone (or unreachable): its offers and tasks' resources vanish."""
@@ -241,8 +256,8 @@ class AllocatorCore:
         the rest, e.g. tasks found after an allocator failover, is taken from free."""
         agent, fw = self._agent(agent_id), self._framework(framework_id)
         _check_resources(resources, f"task resources on {agent_id}")
-        offered = agent.offered.get(framework_id, NOTHING)
-        from_offer = _common(offered, resources)
+        offered = self._labels_for_use(agent, framework_id, resources)
+        from_offer = overlap(offered, resources)
         from_free = resources - from_offer
         if not agent.free.contains(from_free):
             raise AllocatorError(
@@ -260,6 +275,19 @@ class AllocatorCore:
             agent.free -= from_free
             self.sorter.allocated(framework_id, from_free)
             self._dirty.add(agent_id)
+
+    def _labels_for_use(self, agent: Agent, framework_id: str, resources: Resources) -> Resources:
+        """The framework's offer on the agent, its labels swapped with free ones where a
+        reservation made or undone in its ACCEPT moved them (reserved.py)."""
+        offered = agent.offered.get(framework_id, NOTHING)
+        if offered and not offered.contains(resources):
+            swapped, free = swap_for_use(offered, agent.free, resources,
+                                         self.frameworks[framework_id].role)
+            if swapped != offered:
+                _set(agent.offered, framework_id, swapped)
+                agent.free, offered = free, swapped
+                self._dirty.add(agent.agent_id)
+        return offered
 
     def resources_released(self, agent_id: str, framework_id: str,
                            resources: Resources) -> bool:
@@ -284,6 +312,7 @@ class AllocatorCore:
         if agent is None or fw is None:
             return False
         offered = agent.offered.get(framework_id, NOTHING)
+        resources = as_held(offered, resources, fw.role)  # relabelled by a (un)reservation
         if not offered.contains(resources):
             raise AllocatorError(f"agent {agent_id}: framework {framework_id} returns "
                                  f"{resources} but was offered {offered}")
@@ -558,16 +587,3 @@ def _set(held: dict[str, Resources], key: str, r: Resources) -> None:
     else:
         held.pop(key, None)
 
-
-def _common(a: Resources, b: Resources) -> Resources:
-    """The largest resources both `a` and `b` contain (per name and reservation role)."""
-    scalars = {k: min(v, b.scalars[k]) for k, v in a.scalars.items()
-               if k in b.scalars and min(v, b.scalars[k]) > 0}
-    ranges = {}
-    for k, rs in a.ranges.items():
-        both = [(max(lo, blo), min(hi, bhi)) for lo, hi in rs for blo, bhi in b.ranges.get(k, ())
-                if max(lo, blo) <= min(hi, bhi)]
-        if both:
-            ranges[k] = tuple(sorted(both))
-    sets = {k: items & b.sets[k] for k, items in a.sets.items() if items & b.sets.get(k, set())}
-    return Resources() + Resources(scalars, ranges, sets)  # `+` normalises the ranges

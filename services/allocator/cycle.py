@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from services.allocator.fill import add_into, headroom, next_unit, refusal, take_unit, usable
 from services.allocator.model import Agent, Allocation, Framework, Notes
-from services.resources import Resources
+from services.resources import UNRESERVED, Resources
 
 if TYPE_CHECKING:
     from services.allocator.core import AllocatorCore
@@ -31,30 +31,63 @@ def visit(core: AllocatorCore, fresh: set[str], notes: dict[str, Notes],
     visit = dirty | idle if fresh_order else dirty
     ids: Iterable[str] = (agents if len(visit) == len(agents)
                           else sorted(visit, key=lambda a: agents[a].seq))
+    # Beyond this (weighted) share a framework's allocation is revocable: its share were one
+    # more framework of weight 1 to arrive ("guaranteed allocation", Mesos paper).
+    guaranteed = 1 / (1 + sum(core.weights.get(fws[fid].role, 1.0) for _, fid in order))
     for agent_id in ids:
         agent = agents[agent_id]
         lists = (order, fresh_order) if agent_id in dirty else (fresh_order, order)
-        for fid, (offer, before) in _fill(core, agent, lists, fresh, notes, now).items():
-            n = len(allocations)
-            allocation = Allocation(f"{core.id_prefix}{core.cycle}-{n}", fid, agent_id,
-                                    fws[fid].role, offer, *before, core.cycle)
-            allocations.append(allocation)
-            notes[fid].allocation_ids.append(allocation.allocation_id)
+        free = agent.free
+        beyond: dict[str, Resources] = {}
+        for fid, (offer, before) in _fill(core, agent, lists, fresh, notes, now,
+                                          (guaranteed, beyond)).items():
+            note = notes[fid]
+            cut = note.cut.pop(agent_id, None)
+            cut = NOTHING if cut is None else cut - offer
+            elsewhere = reserved_elsewhere(free, fws[fid].role)
+            note.cut_agents += 1 if cut else 0
+            note.reserved_agents += 1 if elsewhere else 0
+            parts = [(offer, False)]
+            revocable = beyond.get(fid)
+            if revocable is not None:  # in two: guaranteed and revocable
+                note.revocable += 1
+                parts = [(offer - revocable, False), (revocable, True)]
+                note.split += 1 if parts[0][0] else 0
+            for part, rev in parts:
+                if part:
+                    allocation = Allocation(
+                        f"{core.id_prefix}{core.cycle}-{len(allocations)}", fid, agent_id,
+                        fws[fid].role, part, *before, core.cycle, cut, elsewhere, rev)
+                    allocations.append(allocation)
+                    note.allocation_ids.append(allocation.allocation_id)
         if core._allocatable(agent.free):
             idle.add(agent_id)
         else:
             idle.discard(agent_id)
     return len(visit)
 
+
+def reserved_elsewhere(free: Resources, role: str) -> Resources:
+    """The part of `free` reserved for roles other than `role`."""
+    for keys in (free.scalars, free.ranges, free.sets):
+        for _, r in keys:
+            if r != UNRESERVED and r != role:
+                return free - free.for_role(role)
+    return NOTHING
+
+
 def _fill(core: AllocatorCore, agent: Agent, lists: tuple[Order, Order], fresh: set[str],
-          notes: dict[str, Notes], now: float,
+          notes: dict[str, Notes], now: float, revocable: tuple[float, dict[str, Resources]],
           ) -> dict[str, tuple[Resources, tuple[float, str, float]]]:
     """Progressive filling of one agent: the candidate with the lowest weighted share
     takes one task of its declared demand (then is re-sorted and may take more), or,
     of unknown demand, what it may hold before it passes the next candidate with
     declared demand, or the whole rest when no such candidate follows (Mesos). What
-    each framework took, with its share before."""
+    each framework took, with its share before. A framework of declared demand (only those
+    are revoked) whose weighted share passes `revocable[0]` with a task: the task goes into
+    `revocable[1]`."""
     cands, other = lists
+    guaranteed, beyond = revocable
     fws, sorter, allocatable = core.frameworks, core.sorter, core._allocatable
     flts_by_fw = core.filters.on(agent.agent_id)
     done: set[str] = set()  # finished on this agent: took the rest, refused, met, unfit
@@ -115,6 +148,7 @@ def _fill(core: AllocatorCore, agent: Agent, lists: tuple[Order, Order], fresh: 
                 level = cands[j][0] * sorter.dominant(fid)[2]
                 take = headroom(offer, sorter.allocation(fid), sorter.total, level)
                 whole = False
+                note.cut.setdefault(agent.agent_id, offer)  # what it would take (Mesos)
                 if not take:  # at the next one's share already: that one goes first
                     forced = j
                     continue
@@ -137,6 +171,8 @@ def _fill(core: AllocatorCore, agent: Agent, lists: tuple[Order, Order], fresh: 
         _hold(core, agent, fw, take)
         if fw.demands:
             note.units += 1
+            if sorter.key(fid) > guaranteed + 1e-9:  # (float sums of shares)
+                beyond[fid] = beyond[fid] + take if fid in beyond else take
         if whole:
             done.add(fid)
         _resort(core, fid, cands, other, fresh, cands[pos])

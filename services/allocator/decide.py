@@ -46,9 +46,18 @@ def decide(core: AllocatorCore, fw: Framework, note: Notes | None, any_offered: 
         if ids:
             outcome = Outcome.OFFERED
             tasks = (f" ({note.units} task(s) of its declared demand)" if fw.demands else "")
-            reason = (f"offered {len(ids)} agent(s){tasks} at dominant share "
+            reason = (f"offered {len(ids) - note.split} agent(s){tasks} at dominant share "
                       f"{share.dominant_share:.3f} ({share.dominant_resource or '-'}), "
                       f"weight {share.weight:g}")
+            if note.revocable:
+                reason += (f"; {note.revocable} offer(s) revocable: beyond its guaranteed "
+                           f"share")
+            if note.cut_agents:
+                reason += (f"; on {note.cut_agents} agent(s) fair share kept part for "
+                           f"frameworks of declared demand (it got its headroom)")
+            if note.reserved_agents:
+                reason += (f"; on {note.reserved_agents} agent(s) resources reserved for "
+                           f"other roles were skipped")
         elif fw.demands and next_unit(fw.demands, core.sorter.allocation(fw.framework_id)) is None:
             outcome = Outcome.DEMAND_MET
             reason = (f"holds all it declared ({'; '.join(map(str, fw.demands))}); a new "

@@ -7,6 +7,9 @@ resync) never rebuilds the core: offers outstanding at the broker stay counted.
 
 - agents: REGISTERED ones are in the core; UNREACHABLE, GONE, DRAINING and deleted ones are
   removed (their offers and tasks' usage vanish; tasks are replayed if the agent returns).
+  A changed total (reconfigured, or a reservation made or undone inside an ACCEPT: another
+  reserved/unreserved split) is applied with `agent_total_changed`, which moves the labels
+  of the offers the reservation came from (services/allocator/reserved.py).
 - frameworks: present ones are in the core, active while `connected`; `suppressed_roles`
   follows the record (a revive seen here does not clear filters: the broker's relayed
   ReviveOffers does that, once).
@@ -178,7 +181,7 @@ class StreamFeed:
             self.core.agent_added(agent_id, view.hostname, view.total, view.attributes)
         elif old.total != view.total:
             try:
-                self.core.agent_updated(agent_id, view.total)
+                self.core.agent_total_changed(agent_id, view.total)
             except AllocatorError as exc:  # it shrank under what is allocated: keep the old
                 self.notices.append(Notice.of("agent_update_refused", f"{exc}", "warning"))
                 view = AgentView(view.hostname, old.total, view.attributes)

@@ -12,6 +12,7 @@ from services.allocator.fill import Shape
 from services.resources import Resources
 
 Attributes = Mapping[str, str | float]
+NOTHING = Resources()
 
 
 class AllocatorError(ValueError):
@@ -80,7 +81,10 @@ class Filter:
 @dataclass(frozen=True, slots=True)
 class Allocation:
     """Command: offer `resources` of `agent_id` to `framework_id` (the broker makes the offer).
-    The share, dominant resource and weight are the framework's before this allocation."""
+    The share, dominant resource and weight are the framework's before this allocation.
+    Why it got less than the agent had free, for its span: `fair_share_cut`, what
+    progressive filling kept for frameworks of declared demand (its headroom), and
+    `reserved_elsewhere`, the free resources reserved for other roles."""
 
     allocation_id: str
     framework_id: str
@@ -91,13 +95,16 @@ class Allocation:
     dominant_resource: str
     weight: float
     cycle: int
+    fair_share_cut: Resources = NOTHING
+    reserved_elsewhere: Resources = NOTHING
+    revocable: bool = False  # beyond the framework's guaranteed share (cycle.py)
 
     def to_proto(self) -> internal_pb2.Allocation:
         return internal_pb2.Allocation(
             allocation_id=self.allocation_id, framework_id=self.framework_id,
             agent_id=self.agent_id, role=self.role, resources=self.resources.to_proto(),
             dominant_share=self.dominant_share, dominant_resource=self.dominant_resource,
-            weight=self.weight, cycle=self.cycle)
+            weight=self.weight, cycle=self.cycle, revocable=self.revocable)
 
 
 class Outcome(enum.Enum):
@@ -216,3 +223,9 @@ class Notes:
     demand_met: bool = False  # it holds all it declared
     unfit: Shape | None = None  # its next declared task fitted no agent visited
     units: int = 0  # declared task shapes offered this cycle
+    # agent -> what it could take there before fair share cut it to its headroom
+    cut: dict[str, Resources] = field(default_factory=dict)
+    cut_agents: int = 0  # agents offered with a fair-share cut
+    reserved_agents: int = 0  # agents offered where resources reserved for others were left
+    revocable: int = 0  # revocable allocations (beyond its guaranteed share)
+    split: int = 0  # agents offered in two allocations, guaranteed and revocable

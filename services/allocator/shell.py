@@ -19,6 +19,7 @@ from opentelemetry import trace
 from schemas import internal_pb2
 from services.allocator.core import (
     DEFAULT_REVOCATION_GRACE_S,
+    Allocation,
     AllocatorCore,
     AllocatorError,
     Cycle,
@@ -316,6 +317,7 @@ class AllocatorShell(ServiceKit):
             agents.setdefault(a.framework_id, set()).add(a.agent_id)
         said = [(d.framework_id, d.outcome is Outcome.OFFERED,
                  f"{d.framework_id}: {d.outcome.name}: {d.reason}") for d in cycle.remade]
+        given_back = reclaimed(cycle)
         limit = getattr(self.dealer, "frame_limit", codec.DEFAULT_FRAME_LIMIT) - codec.FRAME_MARGIN
         msg, size, count = internal_pb2.InternalMessage(), 0, 0
         for a in cycle.allocations:
@@ -327,7 +329,7 @@ class AllocatorShell(ServiceKit):
                 spans.AGENT_ID: a.agent_id, spans.ROLE: a.role,
                 spans.RESOURCES: str(a.resources), spans.DOMINANT_SHARE: a.dominant_share,
                 spans.DOMINANT_RESOURCE: a.dominant_resource, spans.WEIGHT: a.weight,
-                spans.CYCLE: a.cycle, spans.SKIPPED: skipped})
+                spans.CYCLE: a.cycle, spans.SKIPPED: skipped, **less(a, given_back)})
             span.end(end_time=ended_ns)
             proto = a.to_proto()
             proto.traceparent = span_traceparent(span)
@@ -463,6 +465,34 @@ class AllocatorShell(ServiceKit):
 
         self.on_close(close_detectors)
         super().close(linger_ms)
+
+
+def reclaimed(cycle: Cycle) -> dict[str, list[str]]:
+    """framework -> what this cycle takes back from it for frameworks below their share."""
+    out: dict[str, list[str]] = {}
+    for r in cycle.reclaims:
+        out.setdefault(r.framework_id, []).append(
+            f"{r.agent_id}: offers reclaimed for {r.for_framework_id}")
+    for v in cycle.revocations:
+        out.setdefault(v.framework_id, []).append(
+            f"{v.agent_id}: {v.resources} revoked for {v.for_framework_id}")
+    return out
+
+
+def less(a: Allocation, given_back: dict[str, list[str]]
+         ) -> dict[str, str | bool | list[str]]:
+    """The allocate span's attributes saying why it got less than the agent had free (and
+    whether what it got is revocable)."""
+    out: dict[str, str | bool | list[str]] = {}
+    if a.revocable:
+        out[spans.REVOCABLE] = True
+    if a.fair_share_cut:
+        out[spans.FAIR_SHARE_CUT] = str(a.fair_share_cut)
+    if a.reserved_elsewhere:
+        out[spans.RESERVED_ELSEWHERE] = str(a.reserved_elsewhere)
+    if a.framework_id in given_back:
+        out[spans.FAIR_SHARE_RECLAIMED] = given_back[a.framework_id]
+    return out
 
 
 def _who(leader: LeaderInfo | None) -> str:

@@ -34,6 +34,7 @@ class Offer:
     traceparent: str = ""  # the allocation's trace context (the shell sends its offer span's)
     attributes: tuple[common_pb2.Attribute, ...] = ()
     master_epoch: int | None = None  # the master that relays it (None: none led)
+    revocable: bool = False  # beyond its framework's guaranteed share (revocable.py)
 
     def to_proto(self) -> common_pb2.Offer:
         return common_pb2.Offer(
@@ -42,7 +43,7 @@ class Offer:
             attributes=self.attributes,
             expires_at_us=0 if math.isinf(self.expires_at) else int(self.expires_at * 1e6),
             allocation_id=self.allocation_id, traceparent=self.traceparent,
-        )
+            revocable=self.revocable)
 
 
 

@@ -51,7 +51,6 @@ from services.broker.commands import (
     AcceptRejected,
     Command,
     Decision,
-    LaunchRequest,
     Offer,
     RecoverResources,
     Recovery,
@@ -61,6 +60,7 @@ from services.broker.commands import (
     coalesce,
 )
 from services.broker.launches import LaunchTracker, PendingLaunch
+from services.broker.revocable import launch_request
 from services.broker.stream import AgentView
 from services.broker.table import HISTORY_SIZE, OfferState, OfferTable
 from services.broker.validation import (
@@ -310,7 +310,7 @@ class BrokerCore:
             agent_id=a.agent_id, hostname=agent.hostname, resources=res,
             role=a.role or UNRESERVED, created_at=now,
             expires_at=now + timeout if timeout else math.inf,
-            allocation_id=a.allocation_id, traceparent=a.traceparent,
+            allocation_id=a.allocation_id, traceparent=a.traceparent, revocable=a.revocable,
             attributes=agent.attributes, master_epoch=self._launches.master_epoch)
         self.table.create(offer)
         return [SendOffers(a.framework_id, (offer,))]
@@ -395,8 +395,8 @@ class BrokerCore:
                 self._move(oid, OfferState.LAUNCHING)
             self._launches.add(PendingLaunch(rid, framework_id, first.agent_id, tuple(mine),
                                              used, task_ids(operations), now), now)
-            out.append(LaunchRequest(rid, framework_id, first.agent_id, tuple(mine),
-                                     tuple(operations), tuple(o.traceparent for o in offers)))
+            out.append(launch_request(rid, framework_id, first.agent_id, tuple(mine),
+                                      operations, offers))
             if rest:  # one Recovery for the pooled remainder, linked to the first offer
                 out.append(RecoverResources((Recovery(
                     framework_id, first.agent_id, rest, RecoverReason.RECOVER_REASON_UNUSED,

@@ -120,16 +120,20 @@ def task_rows(state: Doc, show_all: bool = False) -> list[Row]:
                     "host": hosts.get(agent, ""),
                     "state": _short_state(status.get("state", "")), "health": health(t),
                     "cpus": _scalar(res, "cpus"), "mem": _scalar(res, "mem"),
+                    "revocable": bool(t["task_info"].get("revocable")),
                     "message": status.get("message", "")})
     return out
 
 
 def tasks_table(state: Doc, show_all: bool = False) -> Table:
+    """REV: "yes" for a revocable task (launched beyond its framework's guaranteed share:
+    revoked first when a framework below its share needs the resources)."""
     return table("tasks", ("task", "framework", "agent (host)", "state", "health", "cpus",
-                           "mem", "message"),
+                           "mem", "rev", "message"),
                  ((r["id"], r["framework"] or r["framework_id"],
-                   f"{r['agent_id']} ({r['host'] or '?'})",
-                   r["state"], r["health"], _fmt(r["cpus"]), _fmt(r["mem"]), r["message"])
+                   f"{r['agent_id']} ({r['host'] or '?'})", r["state"], r["health"],
+                   _fmt(r["cpus"]), _fmt(r["mem"]), "yes" if r["revocable"] else "",
+                   r["message"])
                   for r in task_rows(state, show_all)))
 
 

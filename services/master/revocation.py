@@ -1,7 +1,8 @@
 """Revocation, in the master's core: the allocator (through the broker) asks that a framework
 running above its fair share give back resources on one agent to a framework below its
 share (InternalMessage.RevokeResources). The master picks that framework's youngest tasks
-there that together hold the resources, tells the framework (SchedulerEvent.Revoke), and when
+there that together hold the resources (its revocable ones first: launched on an offer beyond
+its guaranteed share, TaskInfo.revocable), tells the framework (SchedulerEvent.Revoke), and when
 the grace period has passed kills those still needed (TASK_KILLED, REASON_TASK_REVOKED).
 
 Rules:
@@ -51,12 +52,14 @@ def short_of(need: Resources, have: Resources) -> Resources:
 
 
 def youngest_first(candidates: list[Task]) -> list[Task]:
-    return sorted(candidates, key=lambda t: (t.launched_at, t.info.task_id), reverse=True)
+    """Revocable tasks (TaskInfo.revocable) first, each kind youngest first."""
+    return sorted(candidates, key=lambda t: (t.info.revocable, t.launched_at, t.info.task_id),
+                  reverse=True)
 
 
 def choose(need: Resources, candidates: list[Task]) -> list[Task] | None:
-    """The youngest of `candidates` that together hold `need` (revocable scalars), or None
-    when all of them cannot."""
+    """The first of `candidates` (youngest_first) that together hold `need` (revocable
+    scalars), or None when all of them cannot."""
     chosen: list[Task] = []
     missing = need
     for task in youngest_first(candidates):

@@ -43,6 +43,13 @@ DOMINANT_RESOURCE = "offerbus.dominant_resource"
 WEIGHT = "offerbus.weight"
 CYCLE = "offerbus.cycle"
 SKIPPED = "offerbus.skipped"  # ["<framework_id>: <outcome>: <reason>", ...] this cycle
+# Why an allocation is less than the agent had free (allocate spans, only when so):
+FAIR_SHARE_CUT = "offerbus.fair_share.cut"  # what progressive filling kept for others
+RESERVED_ELSEWHERE = "offerbus.reserved_elsewhere"  # free, reserved for other roles
+# ["<agent_id>: <what> for <framework_id>", ...]: its offers reclaimed or tasks revoked
+# this cycle for frameworks below their share
+FAIR_SHARE_RECLAIMED = "offerbus.fair_share.reclaimed"
+REVOCABLE = "offerbus.revocable"  # bool: beyond the framework's guaranteed share
 DECISION = "offerbus.decision"  # "accept" | "decline"
 REASON = "offerbus.reason"  # the framework's reason, or why something was refused
 REFUSE_SECONDS = "offerbus.refuse_seconds"

@@ -5,8 +5,6 @@ wait for their agents: each delta re-checks only the tasks it concerns)."""
 
 from __future__ import annotations
 
-import pytest
-
 from schemas import bus_pb2, common_pb2, state_pb2
 from services.allocator.core import AllocatorCore
 from services.allocator.feed import StreamFeed
@@ -136,10 +134,6 @@ def test_a_static_reservation_is_offered_only_to_its_role() -> None:
     core.validate()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 9: the allocator does not follow a dynamic "
-                   "reservation (RESERVE in an ACCEPT): it refuses the broker's recovery of "
-                   "the reserved remainder and the master's new agent total, so the whole "
-                   "agent stays offered to the framework and its task waits for room")
 def test_a_dynamic_reservation_moves_the_allocators_agent_total() -> None:
     """ACCEPT of an offer of the whole agent: RESERVE cpus(web):2, LAUNCH t1 on cpus(web):1.
     The broker recovers the remainder (cpus(web):1;cpus:2;mem:4096) at once; then the state
