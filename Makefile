@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PROTOS := $(wildcard schemas/*.proto)
 PYTEST_ARGS ?=
 
-.PHONY: all system venv proto proto-check lint engine image zk-up zk-down run down test test-fast bench clean
+.PHONY: all system venv proto proto-check lint engine image zk-up zk-down run down test test-fast bench chaos clean
 
 all: test
 
@@ -76,6 +76,13 @@ test-fast: venv
 BENCH_ARGS ?=
 bench: system venv image
 	@$(PY) -m bench $(BENCH_ARGS)
+
+## chaos: the default chaos campaign on a real fleet (agents in network namespaces, a
+## ZooKeeper ensemble, Docker tasks): table, JSON and plots under chaos/results/. Another:
+## `make chaos CHAOS_SCENARIO=chaos/scenarios/short.toml`; leftovers: `offerbus chaos clean`.
+CHAOS_SCENARIO ?= chaos/scenarios/default.toml
+chaos: system venv image
+	@$(PY) -m services.cli chaos run $(CHAOS_SCENARIO)
 
 clean:
 	rm -rf .run bench/results .pytest_cache .mypy_cache .ruff_cache

@@ -22,6 +22,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Span, StatusCode
 
 from schemas import common_pb2
+from services import tasks
 from services.agent import status_updates as su
 from services.agent.checkpoint import AgentCheckpoint, StatusUpdateLog
 from services.agent.commands import (
@@ -101,6 +102,9 @@ class AgentConfig(ServiceConfig):
     runtime: str = "docker"  # or "process"
 
 
+SKIP_CHECKPOINT_ENV = "OFFERBUS_TEST_SKIP_TERMINAL_CHECKPOINT"  # test-only, see __init__
+
+
 class AgentShell(ServiceKit):
     def __init__(self, config: AgentConfig, reactor: Reactor | None = None) -> None:
         checkpoint = AgentCheckpoint(config.work_dir)  # (makes the work dir)
@@ -154,6 +158,9 @@ class AgentShell(ServiceKit):
         self.detector = detector_from_url(config.cluster_url, "master")
         self.reactor.add_reader(self.detector, self._on_leader)
         self._pending: list[su.Checkpoint] = []
+        # Test-only (the chaos suite's proof that it can fail): terminal status updates are
+        # never checkpointed, so never acknowledged to the executor nor forwarded.
+        self._skip_terminal_checkpoint = os.environ.get(SKIP_CHECKPOINT_ENV) == "1"
         self._register_handlers()
         self._register_metrics()
         resources = self.checkpoint.load_resources() if agent_id else None
@@ -401,6 +408,10 @@ class AgentShell(ServiceKit):
         the core acknowledge executors and forward."""
         while self._pending:
             batch, self._pending = self._pending, []
+            if self._skip_terminal_checkpoint:
+                batch = [c for c in batch if not (isinstance(c.record, su.Added)
+                                                  and c.record.update.status.state
+                                                  in tasks.TERMINAL)]
             self.update_log.append([c.record for c in batch])
             now = self.driver.now()
             for c in batch:

@@ -11,6 +11,7 @@ from typing import Any
 from rich.console import Console
 
 from schemas import agent_pb2, operator_pb2
+from services.cli import chaos as chaos_cli
 from services.cli import cluster, lifecycle, trace, views, why
 from services.cli.client import (
     DEFAULT_RUN_DIR,
@@ -297,6 +298,7 @@ def parser() -> argparse.ArgumentParser:
     sub.choices["trace"].set_defaults(fn=cmd_trace)
     why.add_parser(sub)
     sub.choices["why"].set_defaults(fn=cmd_why)
+    chaos_cli.register(sub)  # `offerbus chaos run|replay|clean` (chaos/)
     return ap
 
 
