@@ -243,6 +243,22 @@ def _stuck(args: argparse.Namespace, url: str, name: str) -> str:
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
     from frameworks import service
 
+    spec = service.ServiceSpec(
+        name=args.name, image=args.image, instances=args.instances, cpus=args.cpus,
+        mem=args.mem, command=args.cmd, constraints=args.constraint or [],
+        runtime="docker" if args.image else "process", role=args.role,
+        env=parse_env(args.env or []), ports=args.port or [],
+        health_cmd=args.health_cmd or "", health_http=args.health_http or "",
+        health_interval_s=args.health_interval, health_failures=args.health_failures)
+    return start_service(args, console, spec)
+
+
+def start_service(args: argparse.Namespace, console: Console, spec: Any) -> int:
+    """Start the service framework of `spec` (a frameworks.service.ServiceSpec), as
+    `offerbus run` does (and `offerbus job run`): refused when its name is in use, resumed
+    when this run dir's process of it is gone; then waits (unless --no-wait)."""
+    from frameworks import service
+
     run_dir = args.run_dir.resolve()
     url = cluster_url(args.cluster, args.run_dir)
     _, state = master_state(url, args.timeout)
@@ -258,13 +274,6 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     resume = resuming(args.name, state, exists, alive)
     if resume:
         console.print(resume, highlight=False)
-    spec = service.ServiceSpec(
-        name=args.name, image=args.image, instances=args.instances, cpus=args.cpus,
-        mem=args.mem, command=args.cmd, constraints=args.constraint or [],
-        runtime="docker" if args.image else "process", role=args.role,
-        env=parse_env(args.env or []), ports=args.port or [],
-        health_cmd=args.health_cmd or "", health_http=args.health_http or "",
-        health_interval_s=args.health_interval, health_failures=args.health_failures)
     try:
         spec_path = service.write_spec(run_dir, spec)
     except ValueError as exc:

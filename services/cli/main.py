@@ -291,6 +291,8 @@ def parser() -> argparse.ArgumentParser:
     from services.cli import config_cmd  # `offerbus config check FILE`
 
     config_cmd.register(sub)
+    from services.cli import job as job_cmd  # `offerbus job run|plan|stop`
+    job_cmd.register(sub)
     lifecycle.add_parsers(sub)
     for name, fn in (("run", cmd_run), ("scale", cmd_scale), ("stop", cmd_stop)):
         sub.choices[name].set_defaults(fn=fn)

@@ -1,0 +1,109 @@
+"""Job files on a real cluster (ZooKeeper, master, allocator, offer-broker and two agents as
+separate processes, Docker containers), through `python -m services.cli`: `job plan` of a
+2-instance job places one instance on each agent and changes nothing; `job run` gets both
+RUNNING; `job run` of the file with 3 instances scales the running job; a changed image is
+refused (exit 2: no rolling update); `job stop` removes the job and its containers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infra.zookeeper import ZooKeeperServer
+from tests.e2e import Cluster, local_cluster_in
+from tests.integration.test_service_lifecycle import IMAGE, containers, running_count
+from tests.waiting import wait_for
+
+# Host ports apart from other tests' agents; this job publishes none.
+AGENT_RESOURCES = "cpus:2;mem:1024;disk:1024;ports:[47100-47199]"
+NAME = f"job{uuid.uuid4().hex[:6]}"
+
+
+def job_file(path: Path, instances: int, image: str = IMAGE) -> Path:
+    path.write_text(f'''name = "{NAME}"
+image = "{image}"
+command = ["sleep", "3600"]
+instances = {instances}
+kill_grace = 0.5
+
+[resources]
+cpus = 0.05
+mem = 16
+
+[env]
+GREETING = "hello"
+''')
+    return path
+
+
+def cli(cluster: Cluster, *args: str, timeout: float = 240,
+        env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "services.cli", "--run-dir",
+                           str(cluster.run_dir), *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "COLUMNS": "200", **(env or {})})
+
+
+def ok(cluster: Cluster, *args: str, env: dict[str, str] | None = None) -> str:
+    out = cli(cluster, *args, env=env)
+    assert out.returncode == 0, f"offerbus {' '.join(args)}: {out.stdout}{out.stderr}"
+    return out.stdout
+
+
+@pytest.fixture(scope="module")
+def cluster(zk: ZooKeeperServer, zk_admin: Any, tmp_path_factory: pytest.TempPathFactory,
+            docker_client: Any, busybox_image: str) -> Iterator[Cluster]:
+    with local_cluster_in(zk, zk_admin, tmp_path_factory.mktemp("jobs"), "jobs", agents=2,
+                          agent_resources=AGENT_RESOURCES, offer_timeout=10.0) as c:
+        wait_for(lambda: len([a for a in c.state()["agents"]
+                              if a["status"] == "AGENT_STATUS_REGISTERED"]) == 2,
+                 timeout=60, message="two agents registered")
+        yield c
+
+
+def test_plan_run_update_and_stop_a_job(cluster: Cluster, docker_client: Any,
+                                        tmp_path: Path) -> None:
+    path = job_file(tmp_path / "job.toml", 2)
+    plan = json.loads(ok(cluster, "job", "plan", str(path), "--json"))
+    assert (plan["name"], plan["want"], plan["live"], plan["unplaced"]) == (NAME, 2, 0, [])
+    assert sorted(len(a["new"]) for a in plan["agents"]) == [1, 1], plan  # spread
+    assert not [f for f in cluster.state()["frameworks"]
+                if f["framework_info"]["name"] == NAME]  # a dry run
+
+    out = ok(cluster, "job", "run", str(path))
+    assert f"{NAME}: 2 instances RUNNING" in out, out
+    assert running_count(docker_client, NAME) == 2
+
+    out = ok(cluster, "job", "run", str(job_file(path, 3)))
+    assert f"{NAME}: 2 -> 3 instances" in out and f"{NAME}: 3 instances RUNNING" in out, out
+    wait_for(lambda: running_count(docker_client, NAME) == 3, timeout=60,
+             message="3 containers running")
+    plan = json.loads(ok(cluster, "job", "plan", str(path), "--json"))
+    assert (plan["live"], plan["unplaced"], plan["remove"]) == (3, [], [])
+    assert sum(len(a["new"]) for a in plan["agents"]) == 0
+    assert sorted(i for a in plan["agents"] for i in a["running"]) == [0, 1, 2]
+    # The same plan from a master's HTTP address alone (no run dir, no ZooKeeper).
+    http = json.loads(ok(cluster, "status", "--json"))["leaders"]["master"]["http"]
+    direct = json.loads(ok(cluster, "--run-dir", str(tmp_path / "none"), "job", "plan",
+                           str(path), "--json",
+                           env={"OFFERBUS_MASTER": http.removeprefix("http://")}))
+    assert direct["agents"] == plan["agents"] and direct["allocator"] == []
+
+    changed = cli(cluster, "job", "run", str(job_file(tmp_path / "other.toml", 3,
+                                                     image="offerbus/other:1")))
+    assert changed.returncode == 2, changed.stdout + changed.stderr
+    assert "another image" in changed.stderr and "no rolling update" in changed.stderr
+
+    out = ok(cluster, "job", "stop", NAME)
+    assert f"{NAME} stopped" in out
+    assert not [f for f in cluster.state()["frameworks"]
+                if f["framework_info"]["name"] == NAME]
+    assert containers(docker_client, NAME) == []
+    assert not (cluster.run_dir / "frameworks" / f"{NAME}.json").exists()
