@@ -75,7 +75,10 @@ def _wait(predicate: Callable[[], T | None], timeout: float, what: str,
 
 
 def _get(url: str, timeout: float = 30.0) -> bytes:
-    with urllib.request.urlopen(url, timeout=timeout) as r:
+    from services.cli.client import http_headers  # OFFERBUS_HTTP_TOKEN, when the cluster has one
+
+    req = urllib.request.Request(url, headers=http_headers())
+    with urllib.request.urlopen(req, timeout=timeout) as r:
         return r.read()
 
 

@@ -852,12 +852,22 @@ class ContainerInfo(_message.Message):
     TYPE_FIELD_NUMBER: _builtins.int
     DOCKER_FIELD_NUMBER: _builtins.int
     VOLUMES_FIELD_NUMBER: _builtins.int
+    PRIVILEGED_FIELD_NUMBER: _builtins.int
     type: Global___ContainerInfo.Type.ValueType
+    privileged: _builtins.bool
+    """Always refused (TASK_ERROR at ACCEPT, and by the executor): Offerbus never runs a
+    privileged container. Here so that asking is a clear error, not silently ignored.
+    CPU and memory limits come from the task's resources ("cpus", "mem"); every container
+    also has a pids limit, drops some capabilities and runs with no-new-privileges
+    (services/container_policy.py).
+    """
     @_builtins.property
     def docker(self) -> Global___ContainerInfo.Docker: ...
     @_builtins.property
     def volumes(self) -> _containers.RepeatedCompositeFieldContainer[Global___ContainerInfo.Volume]:
-        """CPU and memory limits come from the task's resources ("cpus", "mem")."""
+        """Host paths bound into a Docker container: only under the agent's allowed host paths
+        (its `allowed_host_paths`; none by default), else the launch fails (TASK_FAILED).
+        """
 
     def __init__(
         self,
@@ -865,10 +875,11 @@ class ContainerInfo(_message.Message):
         type: Global___ContainerInfo.Type.ValueType = ...,
         docker: Global___ContainerInfo.Docker | None = ...,
         volumes: _abc.Iterable[Global___ContainerInfo.Volume] | None = ...,
+        privileged: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["docker", b"docker"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["docker", b"docker", "type", b"type", "volumes", b"volumes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["docker", b"docker", "privileged", b"privileged", "type", b"type", "volumes", b"volumes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

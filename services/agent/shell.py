@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Span, StatusCode
 
 from schemas import common_pb2
-from services import tasks
+from services import container_policy, tasks
 from services.agent import status_updates as su
 from services.agent.checkpoint import AgentCheckpoint, StatusUpdateLog
 from services.agent.commands import (
@@ -52,7 +53,7 @@ from services.bus.reactor import Reactor
 from services.executor.runtime import LABEL_EXECUTOR, Logs, Stream, make_runtime, tail_file
 from services.procs import pid_alive
 from services.resources import Resources
-from services.shell.http import Deferred, Response, json_response
+from services.shell.http import Deferred, Response, json_response, redacted
 from services.shell.service import ServiceConfig, ServiceKit
 from services.telemetry import extract, span_traceparent
 from services.telemetry import spans as sp
@@ -62,6 +63,7 @@ log = get_logger("agent")
 MASTER = codec.Role.Value("ROLE_MASTER")
 DEFAULT_RESOURCES = "cpus:{cpus};mem:{mem};disk:10240;ports:[31000-32000]"
 PID_WATCH_INTERVAL = 0.5
+REFUSALS_REMEMBERED = 1024  # refused updates' uuids kept to count each once
 CoreEvent = Callable[[float], list[Command]]  # a core call, made on the reactor thread
 
 
@@ -100,6 +102,8 @@ class AgentConfig(ServiceConfig):
     attributes: str = ""
     hostname: str = field(default_factory=socket.gethostname)
     runtime: str = "docker"  # or "process"
+    # Host path prefixes tasks' volumes may bind (os.pathsep-separated; "": none)
+    allowed_host_paths: str = ""
 
 
 SKIP_CHECKPOINT_ENV = "OFFERBUS_TEST_SKIP_TERMINAL_CHECKPOINT"  # test-only, see __init__
@@ -107,11 +111,15 @@ SKIP_CHECKPOINT_ENV = "OFFERBUS_TEST_SKIP_TERMINAL_CHECKPOINT"  # test-only, see
 
 class AgentShell(ServiceKit):
     def __init__(self, config: AgentConfig, reactor: Reactor | None = None) -> None:
+        # The executors it forks inherit this process's environment: they enforce the list.
+        os.environ[container_policy.ALLOWED_HOST_PATHS_ENV] = os.pathsep.join(
+            container_policy.parse_allowed(config.allowed_host_paths))
         checkpoint = AgentCheckpoint(config.work_dir)  # (makes the work dir)
         agent_id = checkpoint.load_agent_id() or ""
         super().__init__("agent", agent_id or f"agent-{config.hostname}",
                          codec.Role.Value("ROLE_AGENT"), config, reactor)
         self.config = config
+        self._refusals_seen: OrderedDict[bytes, None] = OrderedDict()  # update uuids
         self.checkpoint = checkpoint
         self.update_log = StatusUpdateLog(config.work_dir)
         cluster_id = self.checkpoint.load_cluster_id() or ""
@@ -217,7 +225,21 @@ class AgentShell(ServiceKit):
         if codec.payload_kind(env) != "executor_call":
             self.stats.inc("frames_dropped{reason=unexpected}")
             return
-        self._run(self.core.executor_call(peer, env.executor_call, self.driver.now()))
+        call = env.executor_call
+        if call.WhichOneof("call") == "update" \
+                and call.update.status.reason == common_pb2.TaskStatus.REASON_TASK_UNAUTHORIZED:
+            self._count_refusal(call.update.status.uuid)
+        self._run(self.core.executor_call(peer, call, self.driver.now()))
+
+    def _count_refusal(self, uuid: bytes) -> None:
+        """A launch the executor refused (a privileged container, a host path outside the
+        allowed list), counted once however often its update is resent."""
+        if uuid in self._refusals_seen:
+            return
+        self._refusals_seen[uuid] = None
+        while len(self._refusals_seen) > REFUSALS_REMEMBERED:
+            self._refusals_seen.popitem(last=False)
+        self.stats.inc("tasks_refused{reason=unauthorized}")
 
     def _launch(self, cmd: LaunchExecutor) -> None:
         argv = ["--agent", self.executors.endpoint, "--executor-id", cmd.executor_id,
@@ -433,7 +455,8 @@ class AgentShell(ServiceKit):
         snapshot, registration = self.core.state(), self.core.registration.value
 
         def render() -> Response:
-            state: dict[str, Any] = MessageToDict(snapshot, preserving_proto_field_name=True)
+            state: dict[str, Any] = redacted(  # environments: names only (issue 11)
+                MessageToDict(snapshot, preserving_proto_field_name=True))
             state["registration"] = registration
             return json_response(json.dumps(state, sort_keys=True).encode())
 

@@ -11,6 +11,7 @@ import math
 from collections.abc import Sequence
 
 from schemas import common_pb2
+from services import container_policy
 from services.resources import UNRESERVED, Resources
 
 DEFAULT_REFUSE_SECONDS = 5.0
@@ -71,6 +72,9 @@ def check_task(task: common_pb2.TaskInfo, agent_id: str, seen: set[str]) -> Reso
                        f"task {tid!r} has invalid resources: {exc}") from exc
     if not positive(res):
         raise Invalid(RejectReason.REJECT_REASON_TASK_INVALID, f"task {tid!r} has no resources")
+    refusal = container_policy.request_refusal(task.container)
+    if refusal is not None:
+        raise Invalid(RejectReason.REJECT_REASON_TASK_INVALID, f"task {tid!r}: {refusal}")
     ports = [rg for (n, _), rgs in res.ranges.items() if n == "ports" for rg in rgs]
     for pm in task.container.docker.port_mappings:
         if not any(lo <= pm.host_port <= hi for lo, hi in ports):

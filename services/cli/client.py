@@ -110,16 +110,35 @@ class ElectionView:
         return out
 
 
+def http_headers(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The Authorization header of the cluster's HTTP token (OFFERBUS_HTTP_TOKEN, or the file
+    OFFERBUS_HTTP_TOKEN_FILE names), or none."""
+    env = os.environ if environ is None else environ
+    token = env.get("OFFERBUS_HTTP_TOKEN", "")
+    if env.get("OFFERBUS_HTTP_TOKEN_FILE"):
+        try:
+            token = Path(env["OFFERBUS_HTTP_TOKEN_FILE"]).read_text().strip()
+        except OSError as exc:
+            raise CliError(f"OFFERBUS_HTTP_TOKEN_FILE: cannot read "
+                           f"{env['OFFERBUS_HTTP_TOKEN_FILE']} ({exc.strerror})") from exc
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def _text(body: bytes) -> str:
+    return body[:300].decode(errors="replace").strip()
+
+
 def http_get(url: str, timeout: float = 5.0) -> Any:
+    req = urllib.request.Request(url, headers=http_headers())
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
             return json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         body = exc.read()
         try:
             return json.loads(body)
         except ValueError:
-            raise CliError(f"{url}: HTTP {exc.code}: {body[:200]!r}") from exc
+            raise CliError(f"{url}: HTTP {exc.code}: {_text(body)}") from exc
     except (urllib.error.URLError, OSError) as exc:
         raise CliError(f"{url}: {exc}") from exc
 
@@ -128,7 +147,8 @@ def http_get_if_changed(url: str, timeout: float = 5.0,
                         etag: str = "") -> tuple[Any, str] | None:
     """(the JSON document at `url`, its ETag), or None when it still has the ETag `etag`
     (the server answered 304 Not Modified: nothing was built or sent)."""
-    req = urllib.request.Request(url, headers={"If-None-Match": etag} if etag else {})
+    headers = http_headers() | ({"If-None-Match": etag} if etag else {})
+    req = urllib.request.Request(url, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return json.loads(resp.read()), resp.headers.get("ETag", "")
@@ -139,7 +159,7 @@ def http_get_if_changed(url: str, timeout: float = 5.0,
         try:
             return json.loads(body), ""
         except ValueError:
-            raise CliError(f"{url}: HTTP {exc.code}: {body[:200]!r}") from exc
+            raise CliError(f"{url}: HTTP {exc.code}: {_text(body)}") from exc
     except (urllib.error.URLError, OSError) as exc:
         raise CliError(f"{url}: {exc}") from exc
 

@@ -55,6 +55,8 @@ def check(path: str, services: Sequence[str] = (),
             where = sources[name]
             if value is None:
                 lines.append(f"# {name}: unset  # {where}")
+            elif name in config.SECRET_OPTIONS and value:
+                lines.append(f"# {name}: set (not shown)  # {where}")
             else:
                 lines.append(f"{name} = {_toml(value)}  # {where}")
         lines.append(f"# binds {listen}, advertises {advertise}")

@@ -1,5 +1,8 @@
 """DockerRuntime: the runtime port on the local Docker engine (docker SDK, low-level API for one
-round trip per step). Images must already be on the engine: nothing is ever pulled."""
+round trip per step). Images must already be on the engine: nothing is ever pulled. Every
+container runs unprivileged, with no-new-privileges, some capabilities dropped and a pids
+limit; a privileged request or a host path outside the agent's allowed list is refused
+(services/container_policy.py, issue 11)."""
 
 from __future__ import annotations
 
@@ -16,11 +19,13 @@ import requests
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from docker.transport.unixconn import UnixHTTPAdapter, UnixHTTPConnectionPool
 
+from services import container_policy as policy
 from services.bus.log import get_logger
 from services.executor.runtime import (
     EXEC_OUTPUT_BYTES,
     REASON_CONTAINER_LAUNCH_FAILED,
     REASON_IMAGE_NOT_FOUND,
+    REASON_TASK_UNAUTHORIZED,
     BoundedBuffer,
     ContainerSpec,
     ExecResult,
@@ -46,22 +51,38 @@ EXEC_KILL_WAIT_S = 2.0  # after killing a timed-out exec, how long its reader ma
 class DockerRuntime:
     name = "docker"
 
-    def __init__(self, client: Any | None = None, *, init: bool = True) -> None:
+    def __init__(self, client: Any | None = None, *, init: bool = True,
+                 allowed_host_paths: tuple[str, ...] | None = None) -> None:
         # docker-init as PID 1 forwards SIGTERM to the task and reaps its zombies.
         self.client = client if client is not None else make_client()
         self.api = self.client.api
         self.init = init
+        self.allowed_host_paths = policy.allowed_from_environment() \
+            if allowed_host_paths is None else allowed_host_paths
 
     # -- start ---------------------------------------------------------------------------
     def start(self, spec: ContainerSpec) -> Handle:
         if not spec.image:
             raise LaunchError(REASON_CONTAINER_LAUNCH_FAILED, "a Docker task needs an image")
+        if spec.privileged:
+            raise LaunchError(REASON_TASK_UNAUTHORIZED,
+                              "privileged containers are not allowed on this cluster")
+        refusal = policy.host_path_refusal((v.host_path for v in spec.volumes),
+                                           self.allowed_host_paths)
+        if refusal is not None:
+            raise LaunchError(REASON_TASK_UNAUTHORIZED, refusal)
         host_config = self.api.create_host_config(
             nano_cpus=spec.nano_cpus, mem_limit=spec.mem_bytes,
             memswap_limit=spec.mem_bytes,  # no swap: above the limit is an OOM kill
             port_bindings={f"{p.container_port}/{p.protocol}": p.host_port for p in spec.ports}
             or None,
-            network_mode=spec.network, init=self.init or None)
+            network_mode=spec.network, init=self.init or None,
+            privileged=False, pids_limit=policy.DEFAULT_PIDS_LIMIT,
+            cap_drop=list(policy.DROPPED_CAPABILITIES),
+            security_opt=list(policy.SECURITY_OPTIONS),
+            binds={os.path.realpath(v.host_path):  # as checked: no symlink swapped in later
+                   {"bind": v.container_path, "mode": "ro" if v.read_only else "rw"}
+                   for v in spec.volumes} or None)
         try:
             created = self.api.create_container(
                 spec.image, command=list(spec.command) if spec.command is not None else None,

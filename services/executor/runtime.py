@@ -16,6 +16,7 @@ Reason: TypeAlias = common_pb2.TaskStatus.Reason.ValueType
 
 REASON_IMAGE_NOT_FOUND: Reason = TaskStatus.REASON_IMAGE_NOT_FOUND
 REASON_CONTAINER_LAUNCH_FAILED: Reason = TaskStatus.REASON_CONTAINER_LAUNCH_FAILED
+REASON_TASK_UNAUTHORIZED: Reason = TaskStatus.REASON_TASK_UNAUTHORIZED
 
 # Labels Offerbus puts on every container (Docker labels) or process record, so a restarted
 # agent finds what it started. LABEL_CLUSTER names the cluster (its id from the registry):
@@ -51,6 +52,13 @@ class PortMapping:
 
 
 @dataclass(frozen=True)
+class Volume:
+    host_path: str
+    container_path: str
+    read_only: bool = False
+
+
+@dataclass(frozen=True)
 class ContainerSpec:
     """Everything a runtime needs to start one task. `entrypoint` None keeps the image's
     entrypoint (Docker); `command` None keeps the image's command. The process runtime execs
@@ -67,6 +75,8 @@ class ContainerSpec:
     network: Literal["bridge", "host", "none"] = "bridge"
     labels: Mapping[str, str] = field(default_factory=dict)
     sandbox: str = ""  # host directory: cwd and log files of a process
+    volumes: tuple[Volume, ...] = ()  # host paths bound in (Docker; the agent's allowed list)
+    privileged: bool = False  # asked for: always refused (services/container_policy.py)
 
     @property
     def nano_cpus(self) -> int | None:
@@ -274,7 +284,10 @@ def spec_from_task(task: common_pb2.TaskInfo, *, framework_id: str, executor_id:
     return ContainerSpec(
         name=container_name(executor_id), image=docker.image, entrypoint=entrypoint,
         command=command, env=dict(cmd.env), cpus=cpus, mem_mib=mem, ports=ports,
-        network=_NETWORKS.get(docker.network, "bridge"), labels=labels, sandbox=sandbox)
+        network=_NETWORKS.get(docker.network, "bridge"), labels=labels, sandbox=sandbox,
+        volumes=tuple(Volume(v.host_path, v.container_path, v.read_only)
+                      for v in task.container.volumes),
+        privileged=task.container.privileged)
 
 
 def make_runtime(kind: str, root: str | Path) -> Runtime:

@@ -5,7 +5,11 @@ state's size however rarely anyone scrapes) and a few facts not on the stream (m
 epoch, paused, cluster id); it does nothing per scrape. A scrape applies what was handed
 over since the last one on its own thread (each entry's JSON is made once, when it changes),
 and the document of one version (and one query) is built once: the same version, the same
-bytes, and the same ETag."""
+bytes, and the same ETag.
+
+Task environments are never shown (issue 11): every CommandInfo's `env` keeps its names, each
+value replaced by REDACTED (services/shell/http.py), in /state, /state/events and whatever
+reads them (the CLI)."""
 
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ from typing import Any
 from google.protobuf.json_format import MessageToDict
 
 from schemas import bus_pb2, common_pb2, state_pb2
+from services.shell.http import redacted
 
 StateEntry = bus_pb2.StateEntry
 Query = dict[str, list[str]]
@@ -39,10 +44,14 @@ class BadQuery(ValueError):
     """A /state query this view does not understand (answered 400)."""
 
 
+def _shown(record: Any) -> dict[str, Any]:
+    shown: dict[str, Any] = redacted(MessageToDict(record, preserving_proto_field_name=True))
+    return shown
+
+
 def _fragment(record: Any) -> bytes:
-    """One record as /state has always shown it."""
-    return json.dumps(MessageToDict(record, preserving_proto_field_name=True),
-                      sort_keys=True).encode()
+    """One record as /state shows it (environments redacted)."""
+    return json.dumps(_shown(record), sort_keys=True).encode()
 
 
 def _assemble(parts: dict[str, Any]) -> bytes:
@@ -70,7 +79,7 @@ def reference_document(meta: dict[str, Any] | None, entries: Iterable[StateEntry
         kind = entry.value.WhichOneof("kind")
         if kind in SHOWN:
             record = getattr(entry.value, kind)
-            state[f"{kind}s"].append(MessageToDict(record, preserving_proto_field_name=True))
+            state[f"{kind}s"].append(_shown(record))
     return json.dumps(state, sort_keys=True).encode()
 
 

@@ -45,6 +45,7 @@ SERVICES: dict[str, str] = {
     "emulator_frameworks": "services.emulator.frameworks:OPTIONS"}
 DEPLOYED = ("master", "allocator", "broker", "agent")
 DEFAULT_HOST = "127.0.0.1"  # one machine's cluster: nothing reachable from elsewhere
+SECRET_OPTIONS = frozenset({"http_token"})  # never printed (`offerbus config check`)
 WILDCARDS = ("0.0.0.0", "*")  # listen on every interface ("*" is ZeroMQ's spelling)
 
 
@@ -151,6 +152,31 @@ def check_listen_address(value: str) -> None:
     check_address(value, wildcard=True)
 
 
+TOKEN_PATTERN = re.compile(r"[A-Za-z0-9._~-]{16,512}")  # e.g. `secrets.token_urlsafe(32)`
+
+
+def check_http_token(token: str) -> None:
+    if token and not TOKEN_PATTERN.fullmatch(token):
+        raise ValueError("an HTTP token is 16 to 512 characters from A-Z a-z 0-9 . _ ~ - "
+                         "(make one with: python -c 'import secrets; "
+                         "print(secrets.token_urlsafe(32))')")
+
+
+def read_http_token(path: str) -> str:
+    """The token in file `path` (surrounding whitespace dropped), checked; ConfigError."""
+    try:
+        token = Path(path).read_text().strip()
+    except OSError as exc:
+        raise ConfigError(f"http_token_file {path}: cannot read it ({exc.strerror})") from None
+    try:
+        check_http_token(token)
+    except ValueError as exc:
+        raise ConfigError(f"http_token_file {path}: {exc}") from None
+    if not token:
+        raise ConfigError(f"http_token_file {path}: the file is empty")
+    return token
+
+
 def check_cluster_url(url: str) -> None:
     """zk://host:port[,host:port...][/chroot][?session_timeout=S] or file:///dir."""
     parts = urlsplit(url)
@@ -187,6 +213,12 @@ COMMON: tuple[Option, ...] = (
            "exit 2 (0: do not check)", minimum=0, maximum=3600),
     Option("http_port", int, 0, "status HTTP port (/health, /metrics); 0 = any free port",
            minimum=0, maximum=65535),
+    Option("http_token", default="", check=check_http_token,
+           help="a bearer token the status HTTP server wants on every path but /health "
+                "(\"\": none, the local dev cluster's default); prefer OFFERBUS_HTTP_TOKEN "
+                "or http_token_file to a flag, which other users can see"),
+    Option("http_token_file", default="",
+           help="a file holding the HTTP token (wins over http_token)"),
     Option("heartbeat", float, 1.0, "seconds between heartbeats", minimum=0.01, maximum=60),
     Option("max_missed", int, 5, "heartbeats missed before a peer is gone", minimum=1,
            maximum=1000),
@@ -290,5 +322,8 @@ def addresses(values: Mapping[str, Any]) -> tuple[str, str]:
 def common_fields(values: dict[str, Any]) -> dict[str, Any]:
     """The ServiceConfig fields (services/shell/service.py) from the COMMON options."""
     listen, advertise = addresses(values)
+    token = read_http_token(values["http_token_file"]) if values.get("http_token_file") \
+        else values.get("http_token") or ""
     return {"host": listen, "advertise_host": advertise, "http_port": values["http_port"],
-            "heartbeat_interval": values["heartbeat"], "max_missed": values["max_missed"]}
+            "http_token": token, "heartbeat_interval": values["heartbeat"],
+            "max_missed": values["max_missed"]}

@@ -5,17 +5,26 @@ the work (say, the JSON encoding) back on the request's thread. A `Direct` route
 request's thread only and never waits for the reactor: for views kept off the reactor
 (issue 8: a scrape never delays heartbeats). A response with an ETag answers 304 to a
 request whose If-None-Match names it. A `Stream` route runs on the request's thread too and
-answers with chunks as it makes them (Server-Sent Events), at most MAX_STREAMS at once."""
+answers with chunks as it makes them (Server-Sent Events), at most MAX_STREAMS at once.
+
+With a `token` (issue 11), every path but the `open` ones (/health: liveness checks) wants
+it, as `Authorization: Bearer TOKEN` or as the TOKEN_COOKIE cookie; a browser gets the
+cookie by opening any path once with `?token=TOKEN` (answered by a redirect to the same path
+without it, so the token leaves the address bar and the history). Anything else is a 401,
+counted (`unauthorized`). Tokens are compared with hmac.compare_digest."""
 
 from __future__ import annotations
 
+import hmac
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
+from http.cookies import CookieError, SimpleCookie
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TypeVar
-from urllib.parse import parse_qs, urlsplit
+from typing import Any, TypeVar
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 from services.bus.log import get_logger
 from services.bus.mailbox import Mailbox
@@ -25,6 +34,9 @@ log = get_logger("shell.http")
 
 HANDLER_TIMEOUT = 5.0
 MAX_STREAMS = 16  # open Stream answers (each holds a thread); more are answered 503
+TOKEN_COOKIE = "offerbus_token"  # the bearer token as a browser keeps it (HttpOnly, Strict)
+OPEN_PATHS = frozenset({"/health"})  # answered without the token: liveness checks
+UNAUTHORIZED_LOG_GAP_S = 60.0  # refused requests are logged at most once per gap (counted all)
 
 
 Query = dict[str, list[str]]
@@ -77,8 +89,14 @@ class _Pending:
 
 
 class StatusServer:
-    def __init__(self, reactor: Reactor, host: str, port: int, routes: dict[str, Route]) -> None:
+    def __init__(self, reactor: Reactor, host: str, port: int, routes: dict[str, Route], *,
+                 token: str = "", open_paths: frozenset[str] = OPEN_PATHS) -> None:
         self.routes = routes
+        self._token = token.encode()
+        self._open_paths = open_paths
+        self.unauthorized = 0  # requests refused for a missing or wrong token
+        self._unauthorized_lock = threading.Lock()
+        self._unauthorized_logged = -UNAUTHORIZED_LOG_GAP_S
         self._mailbox: Mailbox[_Pending] = Mailbox()
         self._streams = threading.BoundedSemaphore(MAX_STREAMS)
         self._closed = threading.Event()
@@ -88,13 +106,16 @@ class StatusServer:
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 url = urlsplit(self.path)
+                query = parse_qs(url.query)
+                if outer._token and url.path not in outer._open_paths \
+                        and not self._authorized(url.path, query):
+                    return  # (before the 404: its list of paths is for the authorised)
                 route = outer.routes.get(url.path)
                 if route is None:
                     known = ", ".join(sorted(outer.routes))
                     body = f"no such path; try {known}\n".encode()
                     self._reply(Response(404, "text/plain", body))
                     return
-                query = parse_qs(url.query)
                 if isinstance(route, Stream):
                     self._stream(route, query)
                     return
@@ -108,6 +129,40 @@ class StatusServer:
                     return
                 resp = pending.response
                 self._reply(resp if isinstance(resp, Response) else _guarded(resp))
+
+            def _authorized(self, path: str, query: Query) -> bool:
+                """True to serve the request; otherwise it has been answered (a 401, or
+                the redirect that sets the cookie)."""
+                given = query.pop("token", None)
+                if given is not None:
+                    if not outer.token_matches(given[-1]):
+                        outer.refused(path, self.client_address[0], "wrong ?token=")
+                        self._reply(_unauthorized("the token given in ?token= is wrong"))
+                        return False
+                    rest = urlencode(query, doseq=True)
+                    cookie = (f"{TOKEN_COOKIE}={given[-1]}; Path=/; HttpOnly; "
+                              "SameSite=Strict")
+                    self._reply(Response(303, "text/plain", b"token accepted\n", headers=(
+                        ("Location", path + (f"?{rest}" if rest else "")),
+                        ("Set-Cookie", cookie), ("Cache-Control", "no-store"))))
+                    return False
+                header = self.headers.get("Authorization", "")
+                scheme, _, bearer = header.partition(" ")
+                if header and scheme.lower() == "bearer":
+                    if outer.token_matches(bearer.strip()):
+                        return True
+                    why = "wrong bearer token"
+                else:
+                    kept = _cookie(self.headers.get("Cookie", ""))
+                    if kept is not None and outer.token_matches(kept):
+                        return True
+                    why = "wrong token cookie" if kept is not None else "no token"
+                outer.refused(path, self.client_address[0], why)
+                self._reply(_unauthorized(
+                    "this server wants a token: send `Authorization: Bearer TOKEN` (the "
+                    "CLI: set OFFERBUS_HTTP_TOKEN), or open this path once with "
+                    f"?token=TOKEN in a browser ({why})"))
+                return False
 
             def _reply(self, resp: Response) -> None:
                 if resp.etag and resp.status == 200 and resp.etag in self.headers.get(
@@ -168,6 +223,22 @@ class StatusServer:
         self._thread.start()
         self._reactor = reactor
 
+    def token_matches(self, given: str) -> bool:
+        return hmac.compare_digest(given.encode(), self._token)
+
+    def refused(self, path: str, peer: str, why: str) -> None:
+        """Count a request refused for its token; log it (at most once per gap)."""
+        now = time.monotonic()
+        with self._unauthorized_lock:
+            self.unauthorized += 1
+            count = self.unauthorized
+            quiet = now - self._unauthorized_logged < UNAUTHORIZED_LOG_GAP_S
+            if not quiet:
+                self._unauthorized_logged = now
+        if not quiet:
+            log.warning("http request refused: no valid token", path=path, peer=peer,
+                        why=why, refused_so_far=count)
+
     def _serve_pending(self) -> None:
         for pending in self._mailbox.drain():
             pending.response = _guarded(partial(pending.route, pending.query))
@@ -190,6 +261,35 @@ def _guarded(fn: Callable[[], R]) -> R | Response:
     except Exception as exc:  # a broken view must not take the service down
         log.error("http handler failed", error=repr(exc))
         return Response(500, "text/plain", f"error: {exc}\n".encode())
+
+
+def _unauthorized(message: str) -> Response:
+    return Response(401, "text/plain; charset=utf-8", f"401 unauthorized: {message}\n".encode(),
+                    headers=(("WWW-Authenticate", 'Bearer realm="offerbus"'),))
+
+
+def _cookie(header: str) -> str | None:
+    """The token cookie's value in a Cookie header, or None."""
+    try:
+        jar = SimpleCookie(header)
+    except CookieError:
+        return None
+    morsel = jar.get(TOKEN_COOKIE)
+    return None if morsel is None else morsel.value
+
+
+REDACTED = "<redacted>"  # an environment variable's value as /state shows it
+
+
+def redacted(doc: Any) -> Any:
+    """`doc` (a record as MessageToDict makes it) with the value of every environment
+    variable (a CommandInfo's `env`: the task's, its health check's) replaced by REDACTED."""
+    if isinstance(doc, dict):
+        return {k: {name: REDACTED for name in v} if k == "env" and isinstance(v, dict)
+                else redacted(v) for k, v in doc.items()}
+    if isinstance(doc, list):
+        return [redacted(v) for v in doc]
+    return doc
 
 
 def json_response(body: bytes) -> Response:

@@ -30,6 +30,7 @@ class ServiceConfig:
     host: str = DEFAULT_HOST  # address to bind (0.0.0.0: every interface)
     advertise_host: str = ""  # address others connect to; "" = host
     http_port: int = 0  # /health, /metrics; 0 = any free port
+    http_token: str = ""  # a bearer token every HTTP path but /health wants ("": none)
     heartbeat_interval: float = 1.0
     max_missed: int = 5
 
@@ -55,6 +56,7 @@ class ServiceKit:
         self.sender = Sender(member_id, role)
         self.beat = HeartbeatConfig(config.heartbeat_interval, config.max_missed)
         self.host, self._http_port = config.host, config.http_port
+        self._http_token = config.http_token
         self.advertise_host = config.advertise_host or config.host
         self.http: StatusServer | None = None
         self.leader: LeaderLifecycle | None = None
@@ -64,7 +66,12 @@ class ServiceKit:
     # -- status server -----------------------------------------------------------------------
     def start_http(self, routes: dict[str, Route] | None = None) -> StatusServer:
         self.http = StatusServer(self.reactor, self.host, self._http_port, {
-            "/health": self._http_health, "/metrics": self._http_metrics, **(routes or {})})
+            "/health": self._http_health, "/metrics": self._http_metrics, **(routes or {})},
+            token=self._http_token)
+        http = self.http
+        self.metrics.counter_function(
+            "http_unauthorized", "HTTP requests refused for a missing or wrong bearer token "
+            "(a 401; the first of each minute is logged).", lambda: float(http.unauthorized))
         self.endpoints["http"] = self.advertised(self.http.url)
         return self.http
 
