@@ -5,9 +5,12 @@ Operator calls (the `offerbus` CLI and tools) to the master: actions that belong
 framework. Reads go through the master's /state and the state stream instead.
 """
 
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf.internal import containers as _containers
 from schemas import agent_pb2 as _agent_pb2
+from schemas import common_pb2 as _common_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -124,6 +127,37 @@ class OperatorCall(_message.Message):
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
     @_typing.final
+    class SetQuota(_message.Message):
+        """A role's quota (`offerbus roles quota`): its subtree's frameworks are never offered more
+        than `limit` together, and `guarantee` is set aside for it while it has demand
+        (unreserved DRF scalars; names absent are not limited or guaranteed). Both are
+        replaced by the call: an empty one clears it.
+        """
+
+        DESCRIPTOR: _descriptor.Descriptor
+
+        ROLE_FIELD_NUMBER: _builtins.int
+        GUARANTEE_FIELD_NUMBER: _builtins.int
+        LIMIT_FIELD_NUMBER: _builtins.int
+        role: _builtins.str
+        @_builtins.property
+        def guarantee(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Resource]: ...
+        @_builtins.property
+        def limit(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Resource]: ...
+        def __init__(
+            self,
+            *,
+            role: _builtins.str = ...,
+            guarantee: _abc.Iterable[_common_pb2.Resource] | None = ...,
+            limit: _abc.Iterable[_common_pb2.Resource] | None = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["guarantee", b"guarantee", "limit", b"limit", "role", b"role"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
     class TeardownFramework(_message.Message):
         """Remove a framework (`offerbus stop NAME`): kill its tasks and forget it, as its own
         Teardown would; its scheduler, if connected, is told it was removed.
@@ -149,6 +183,7 @@ class OperatorCall(_message.Message):
     MARK_AGENT_GONE_FIELD_NUMBER: _builtins.int
     SET_WEIGHT_FIELD_NUMBER: _builtins.int
     TEARDOWN_FRAMEWORK_FIELD_NUMBER: _builtins.int
+    SET_QUOTA_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def kill_task(self) -> Global___OperatorCall.KillTask: ...
     @_builtins.property
@@ -159,6 +194,8 @@ class OperatorCall(_message.Message):
     def set_weight(self) -> Global___OperatorCall.SetWeight: ...
     @_builtins.property
     def teardown_framework(self) -> Global___OperatorCall.TeardownFramework: ...
+    @_builtins.property
+    def set_quota(self) -> Global___OperatorCall.SetQuota: ...
     def __init__(
         self,
         *,
@@ -167,12 +204,13 @@ class OperatorCall(_message.Message):
         mark_agent_gone: Global___OperatorCall.MarkAgentGone | None = ...,
         set_weight: Global___OperatorCall.SetWeight | None = ...,
         teardown_framework: Global___OperatorCall.TeardownFramework | None = ...,
+        set_quota: Global___OperatorCall.SetQuota | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "get_logs", b"get_logs", "kill_task", b"kill_task", "mark_agent_gone", b"mark_agent_gone", "set_weight", b"set_weight", "teardown_framework", b"teardown_framework"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "get_logs", b"get_logs", "kill_task", b"kill_task", "mark_agent_gone", b"mark_agent_gone", "set_quota", b"set_quota", "set_weight", b"set_weight", "teardown_framework", b"teardown_framework"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "get_logs", b"get_logs", "kill_task", b"kill_task", "mark_agent_gone", b"mark_agent_gone", "set_weight", b"set_weight", "teardown_framework", b"teardown_framework"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "get_logs", b"get_logs", "kill_task", b"kill_task", "mark_agent_gone", b"mark_agent_gone", "set_quota", b"set_quota", "set_weight", b"set_weight", "teardown_framework", b"teardown_framework"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_call: _TypeAlias = _typing.Literal["kill_task", "get_logs", "mark_agent_gone", "set_weight", "teardown_framework"]  # noqa: Y015
+    _WhichOneofReturnType_call: _TypeAlias = _typing.Literal["kill_task", "get_logs", "mark_agent_gone", "set_weight", "teardown_framework", "set_quota"]  # noqa: Y015
     _WhichOneofArgType_call: _TypeAlias = _typing.Literal["call", b"call"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_call) -> _WhichOneofReturnType_call | None: ...
 

@@ -26,10 +26,18 @@ from services.allocator.model import (
     Notes,
     Outcome,
 )
+from services.allocator.quota import (
+    Quotas,
+    QuotaSpec,
+    apply,
+    demanding_roles,
+    guarded,
+    quota_vector,
+)
 from services.allocator.reclaim import Plan
 from services.allocator.reclaim import plan as plan_reclaims
 from services.allocator.reserved import as_held, follow_split, overlap, swap_for_use
-from services.allocator.sorter import DRFSorter, Sorter, scalar_vector
+from services.allocator.sorter import DRFSorter, Sorter, role_path, scalar_vector
 from services.resources import MILLI, Resources
 
 DEFAULT_REFUSE_SECONDS = 5.0  # a decline without filters (DESIGN §4, as Mesos)
@@ -79,6 +87,12 @@ class AllocatorCore:
         self.agents: dict[str, Agent] = {}
         self.frameworks: dict[str, Framework] = {}
         self.weights: dict[str, float] = {}  # role -> weight; absent = 1.0
+        self.quotas = Quotas()  # role -> guarantee and limit (quota.py)
+        # A role with demand was below its guarantee in the last cycle: free resources may
+        # have been refused for it, so the next cycle visits the idle agents again. The
+        # roles with demand are those at the start of the cycle.
+        self._guarded = False
+        self._demanding: set[str] | None = None
         self._declared = 0  # frameworks that declared demand (none: the cycle is Mesos's)
         self.filters = DeclineFilters()
         self.decisions: dict[str, Decision] = {}  # the standing one per framework
@@ -150,6 +164,7 @@ class AllocatorCore:
             self._touched.add(framework_id)
             if fw.demands:  # it holds less: an idle agent may now fit its next task
                 self._fresh.add(framework_id)
+            self._room_grew(fw.role)
         self.filters.drop_agent(agent_id)
         self.sorter.remove_total(agent.total)
         self._revoking = {k: t for k, t in self._revoking.items() if k[1] != agent_id}
@@ -166,7 +181,7 @@ class AllocatorCore:
             raise AllocatorError(f"framework {framework_id} has no role")
         self.frameworks[framework_id] = Framework(framework_id, role, active,
                                                   set(suppressed_roles))
-        self.sorter.add(framework_id, self.weights.get(role, 1.0))
+        self.sorter.add(framework_id, role)
         self._fresh.add(framework_id)
         self._touched.add(framework_id)
 
@@ -184,6 +199,7 @@ class AllocatorCore:
         self.sorter.remove(framework_id)
         self._declared -= 1 if fw.demands else 0
         del self.frameworks[framework_id]
+        self._room_grew(fw.role)
         self.decisions.pop(framework_id, None)
         self._fresh.discard(framework_id)
         self._touched.discard(framework_id)
@@ -244,10 +260,28 @@ class AllocatorCore:
         if not (weight > 0 and math.isfinite(weight)):
             raise AllocatorError(f"role {role}: weight must be positive and finite, got {weight}")
         self.weights[role] = weight
-        for fw in self.frameworks.values():
-            if fw.role == role:
-                self.sorter.set_weight(fw.framework_id, weight)
-                self._touched.add(fw.framework_id)
+        self.sorter.set_role_weight(role, weight)
+        self._touched.update(self.sorter.role_clients(role))
+
+    def set_quota(self, role: str, guarantee: QuotaSpec = None, limit: QuotaSpec = None
+                  ) -> None:
+        """The role's quota (quota.py; None or empty: none): its subtree's frameworks are
+        never offered beyond `limit` together, and `guarantee` is set aside for it while
+        it has demand. Nothing running is taken back."""
+        if not self.quotas.set(role, quota_vector(guarantee), quota_vector(limit)):
+            return
+        self._fresh.update(self.sorter.role_clients(role))
+        self._touched.update(self.frameworks)  # a guarantee concerns every other role
+
+    def _room_grew(self, role: str) -> None:
+        """A role holds less: under a limit, idle agents may now be offered to its
+        subtree's frameworks (those of the limited roles it is in)."""
+        if self.quotas.limited:
+            for p in role_path(role):
+                if p in self.quotas.limited:
+                    clients = self.sorter.role_clients(p)
+                    self._fresh.update(clients)
+                    self._touched.update(clients)
 
     # -- resources held by tasks and offers --------------------------------------------
     def resources_used(self, agent_id: str, framework_id: str, resources: Resources) -> None:
@@ -377,6 +411,12 @@ class AllocatorCore:
         if not self.incremental:
             self._dirty.update(self.agents)
             self._touched.update(self.frameworks)
+        self._demanding = None
+        if self._guarded:
+            self._dirty |= self._idle  # offers refused for a guarantee may be due now
+        if self.quotas.guaranteed:
+            self._demanding = demanding_roles(self)
+        self._guarded = self._demanding is not None and guarded(self, self._demanding)
         fws = self.frameworks
         fresh = {f for f in self._fresh if fws[f].active and not fws[f].suppressed}
         notes: dict[str, Notes] = {}
@@ -398,8 +438,11 @@ class AllocatorCore:
     def _wants(self, fid: str) -> bool:
         """Below its declared demand, with no offer outstanding: it reclaims if it can."""
         fw = self.frameworks[fid]
-        return bool(fw.active and not fw.suppressed and fw.demands and not fw.offered
-                    and next_unit(fw.demands, self.sorter.allocation(fid)) is not None)
+        if not (fw.active and not fw.suppressed and fw.demands and not fw.offered):
+            return False
+        unit = next_unit(fw.demands, self.sorter.allocation(fid))
+        return unit is not None and (not self.quotas.roles or apply(
+            self, fw, unit.resources, self._demanding)[0] is not None)
 
     def _plan_reclaims(self, fresh: set[str], touched: set[str],
                        allocations: list[Allocation], visited: bool, now: float) -> Plan:
@@ -458,25 +501,6 @@ class AllocatorCore:
                 mem += v
         return cpus >= self.min_cpus or mem >= self.min_mem
 
-    def idle_filtered(self, fw: Framework) -> list[tuple[str, float]]:
-        """(agent, filter expiry) of the idle agents whose free resources of its role (its
-        next declared task, if it declared demand) the framework's filters refuse (why it
-        is offered nothing there), in the order agents were added."""
-        out = []
-        for agent_id, flts in self.filters.of(fw.framework_id):
-            if agent_id in self._idle:
-                agent = self.agents[agent_id]
-                offer = usable(agent.free, fw.role)
-                if fw.demands and self._allocatable(offer):  # what it would be offered
-                    unit = next_unit(fw.demands, self.demand_held(fw.framework_id, agent))
-                    offer = (None if unit is None else take_unit(offer, unit, fw.role)) or NOTHING
-                if self._allocatable(offer):
-                    until = max((f.expires_at for f in flts if f.refuses(offer, -math.inf)),
-                                default=None)
-                    if until is not None:
-                        out.append((agent_id, until))
-        return sorted(out, key=lambda e: self.agents[e[0]].seq)
-
     # -- helpers -----------------------------------------------------------------------
     def _give_back(self, agent: Agent, fw: Framework, held: dict[str, Resources],
                    resources: Resources) -> None:
@@ -492,6 +516,8 @@ class AllocatorCore:
         self._touched.add(fid)
         if fw.demands:  # it holds less: an idle agent may now fit its next task
             self._fresh.add(fid)
+        if self.quotas.limited:
+            self._room_grew(fw.role)
 
     def _agent(self, agent_id: str) -> Agent:
         try:
@@ -552,6 +578,8 @@ class AllocatorCore:
             if agent_id in self._dirty or not self._allocatable(agent.free):
                 continue
             assert agent_id in self._idle, f"{agent_id}: allocatable, neither dirty nor idle"
+            if self._guarded:  # refused for a guarantee, maybe: the next cycle visits it
+                continue
             for fid, fw in self.frameworks.items():
                 if not fw.active or fw.suppressed or fid in self._fresh:
                     continue
@@ -560,6 +588,8 @@ class AllocatorCore:
                     unit = next_unit(fw.demands, self.demand_held(fid, agent))
                     take = None if unit is None else take_unit(offer, unit, fw.role)
                     offer = NOTHING if take is None else take
+                if self.quotas.limited and self._allocatable(offer):
+                    offer = apply(self, fw, offer, None)[0] or NOTHING
                 flts = self.filters.on(agent_id).get(fid, ())
                 assert not self._allocatable(offer) or any(
                     f.refuses(offer, -math.inf) for f in flts

@@ -10,13 +10,15 @@ from typing import TYPE_CHECKING
 
 from services.allocator.fill import add_into, headroom, next_unit, refusal, take_unit, usable
 from services.allocator.model import Agent, Allocation, Framework, Notes
+from services.allocator.quota import apply
+from services.allocator.sorter import Key
 from services.resources import UNRESERVED, Resources
 
 if TYPE_CHECKING:
     from services.allocator.core import AllocatorCore
 
 NOTHING = Resources()
-Order = list[tuple[float, str]]  # (sort key, framework id), ascending
+Order = list[tuple[Key, str]]  # (sort key, framework id), ascending
 
 
 def visit(core: AllocatorCore, fresh: set[str], notes: dict[str, Notes],
@@ -91,6 +93,7 @@ def _fill(core: AllocatorCore, agent: Agent, lists: tuple[Order, Order], fresh: 
     fws, sorter, allocatable = core.frameworks, core.sorter, core._allocatable
     flts_by_fw = core.filters.on(agent.agent_id)
     done: set[str] = set()  # finished on this agent: took the rest, refused, met, unfit
+    stale = False  # a hierarchical role's share grew: keys to refresh
     got: dict[str, tuple[Resources, tuple[float, str, float]]] = {}
     parts: dict[str, tuple[Resources, bool]] = {}  # role -> (its part, allocatable)
     i = 0
@@ -117,6 +120,7 @@ def _fill(core: AllocatorCore, agent: Agent, lists: tuple[Order, Order], fresh: 
         flts = flts_by_fw.get(fid)
         take: Resources | None = offer
         whole = True
+        j: int | None = None
         if not fits:
             note.no_fit += 1
             if pos == i:
@@ -145,13 +149,21 @@ def _fill(core: AllocatorCore, agent: Agent, lists: tuple[Order, Order], fresh: 
         else:
             j = _next_declared(core, cands, i, done, agent, now)
             if j is not None:
-                level = cands[j][0] * sorter.dominant(fid)[2]
-                take = headroom(offer, sorter.allocation(fid), sorter.total, level)
+                basis, level = sorter.room_to(fid, cands[j][0])
+                take = headroom(offer, basis, sorter.total, level)
                 whole = False
                 note.cut.setdefault(agent.agent_id, offer)  # what it would take (Mesos)
                 if not take:  # at the next one's share already: that one goes first
                     forced = j
                     continue
+        if take is not None and core.quotas.roles:
+            limited, why = apply(core, fw, take, core._demanding)
+            if why:  # cut or refused; cut, it may come back for what its quota leaves
+                note.quota = note.quota or why
+                if limited is None and j is not None and not whole:
+                    forced = j  # its headroom, all beyond its quota: the next one first
+                    continue
+                take = limited
         if take is not None and flts:  # declared: its unit against its filters
             until = refusal(flts, take, now)
             if until is not None:
@@ -171,13 +183,20 @@ def _fill(core: AllocatorCore, agent: Agent, lists: tuple[Order, Order], fresh: 
         _hold(core, agent, fw, take)
         if fw.demands:
             note.units += 1
-            if sorter.key(fid) > guaranteed + 1e-9:  # (float sums of shares)
+            if sorter.key(fid)[-1] > guaranteed + 1e-9:  # its weighted share (float sums)
                 beyond[fid] = beyond[fid] + take if fid in beyond else take
         if whole:
             done.add(fid)
-        _resort(core, fid, cands, other, fresh, cands[pos])
+        if sorter.hierarchical(fid):  # its roles' shares grew: its siblings' keys too
+            stale = True
+            cands[i:] = sorted((sorter.key(c), c) for _, c in cands[i:])
+        else:
+            _resort(core, fid, cands, other, fresh, cands[pos])
         parts.clear()
         free_ok = allocatable(agent.free)
+    if stale:  # for the next agent: every key as it is now
+        for order in (cands, other):
+            order[:] = sorter.sort(c for _, c in order)
     return got
 
 def _next_declared(core: AllocatorCore, cands: Order, i: int, done: set[str], agent: Agent,
@@ -202,6 +221,11 @@ def _next_declared(core: AllocatorCore, cands: Order, i: int, done: set[str], ag
             if take is None:
                 continue
             offer = take
+        if core.quotas.roles:
+            limited = apply(core, fw, offer, core._demanding)[0]
+            if limited is None:
+                continue
+            offer = limited
         flts = flts_by_fw.get(fid)
         if flts and refusal(flts, offer, now) is not None:
             continue
@@ -219,7 +243,7 @@ def _hold(core: AllocatorCore, agent: Agent, fw: Framework, take: Resources) -> 
     core.sorter.allocated(fid, take)
 
 def _resort(core: AllocatorCore, fid: str, cands: Order, other: Order, fresh: set[str],
-            entry: tuple[float, str]) -> None:
+            entry: tuple[Key, str]) -> None:
     """Its share grew: move it (to where the loop will reach it again, as its key only
     grows) in the candidates, and in the other list if it is there too."""
     new = (core.sorter.key(fid), fid)
@@ -230,7 +254,7 @@ def _resort(core: AllocatorCore, fid: str, cands: Order, other: Order, fresh: se
         insort(other, new)
 
 
-def _remove(order: Order, entry: tuple[float, str]) -> None:
+def _remove(order: Order, entry: tuple[Key, str]) -> None:
     i = bisect_left(order, entry)
     if i < len(order) and order[i] == entry:
         del order[i]

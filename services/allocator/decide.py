@@ -10,14 +10,19 @@ free resources of its role."""
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
-from services.allocator.fill import next_unit
+from services.allocator.fill import next_unit, take_unit, usable
 from services.allocator.model import Decision, Framework, Notes, Outcome
-from services.resources import MILLI
+from services.allocator.quota import apply, describe, exhausted, limit_room, shortfalls
+from services.resources import MILLI, Resources
 
 if TYPE_CHECKING:
     from services.allocator.core import AllocatorCore
+
+NOTHING = Resources()
+GUARANTEE_REASON = "the free resources are set aside for the quota guarantee"  # `why` reads it
 
 
 def decide(core: AllocatorCore, fw: Framework, note: Notes | None, any_offered: bool,
@@ -39,7 +44,7 @@ def decide(core: AllocatorCore, fw: Framework, note: Notes | None, any_offered: 
         ids, filtered = tuple(note.allocation_ids), note.agents_filtered
         first = note.first_filtered
         if not ids and first is None:
-            idle = core.idle_filtered(fw)
+            idle = idle_filtered(core, fw)
             if idle:
                 filtered, first = len(idle), idle[0]
         said = core.said.get(fw.framework_id)
@@ -62,6 +67,17 @@ def decide(core: AllocatorCore, fw: Framework, note: Notes | None, any_offered: 
             outcome = Outcome.DEMAND_MET
             reason = (f"holds all it declared ({'; '.join(map(str, fw.demands))}); a new "
                       f"REQUEST asks for more")
+        elif note.quota == "limit" or _at_limit(core, fw):
+            outcome = Outcome.QUOTA_LIMIT
+            reason = (f"its role {fw.role} is at its quota limit ({_limits(core, fw.role)}): "
+                      f"what its frameworks hold (offered and used) leaves "
+                      f"{'no room for its next declared task' if fw.demands else 'nothing'}")
+        elif note.quota == "guarantee":
+            outcome = Outcome.FAIR_SHARE
+            short = shortfalls(core, core._demanding or set(), fw.role)
+            reason = (f"{GUARANTEE_REASON} of role(s) "
+                      f"{', '.join(f'{r} (short {describe(v)})' for r, v in sorted(short.items()))}"
+                      f", which have demand")
         elif said is not None:
             outcome = Outcome.FAIR_SHARE
             reason = (f"below its fair share (weighted share {share.key:.3f}) and its next "
@@ -91,3 +107,41 @@ def decide(core: AllocatorCore, fw: Framework, note: Notes | None, any_offered: 
     return Decision(fw.framework_id, fw.role, outcome, reason, share.dominant_share,
                     share.dominant_resource, share.weight, share.shares, ids, filtered,
                     core.cycle, now)
+
+
+def idle_filtered(core: AllocatorCore, fw: Framework) -> list[tuple[str, float]]:
+    """(agent, filter expiry) of the idle agents whose free resources of its role (its
+    next declared task, if it declared demand) the framework's filters refuse (why it
+    is offered nothing there), in the order agents were added."""
+    out = []
+    for agent_id, flts in core.filters.of(fw.framework_id):
+        if agent_id in core._idle:
+            agent = core.agents[agent_id]
+            offer = usable(agent.free, fw.role)
+            if fw.demands and core._allocatable(offer):  # what it would be offered
+                unit = next_unit(fw.demands, core.demand_held(fw.framework_id, agent))
+                offer = (None if unit is None else take_unit(offer, unit, fw.role)) or NOTHING
+            if core._allocatable(offer):
+                until = max((f.expires_at for f in flts if f.refuses(offer, -math.inf)),
+                            default=None)
+                if until is not None:
+                    out.append((agent_id, until))
+    return sorted(out, key=lambda e: core.agents[e[0]].seq)
+
+
+def _limits(core: AllocatorCore, role: str) -> str:
+    """The limits bounding the role (its own and its ancestors')."""
+    return ", ".join(f"{p} limit {describe(v)}" for p, v in core.quotas.limited.items()
+                     if role == p or role.startswith(p + "/"))
+
+
+def _at_limit(core: AllocatorCore, fw: Framework) -> bool:
+    """Its role's quota limit leaves nothing worth offering it (its next declared task,
+    or anything allocatable)."""
+    room = limit_room(core, fw.role) if core.quotas.limited else None
+    if room is None:
+        return False
+    if fw.demands:
+        unit = next_unit(fw.demands, core.sorter.allocation(fw.framework_id))
+        return unit is not None and apply(core, fw, unit.resources, None)[0] is None
+    return exhausted(core, room)

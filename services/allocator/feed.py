@@ -67,12 +67,29 @@ class TaskUse:
     resources: Resources
 
 
+Amounts = tuple[tuple[str, float], ...]  # a quota's (name, amount), zeros kept
+
+
+@dataclass(frozen=True)
+class RoleView:
+    weight: float = 1.0
+    guarantee: Amounts = ()
+    limit: Amounts = ()
+
+
+def _amounts(items: Iterable[common_pb2.Resource]) -> Amounts:
+    return tuple(sorted((r.name, r.scalar) for r in items))
+
+
+NO_ROLE = RoleView()
+
+
 class StreamFeed:
     def __init__(self, core: AllocatorCore) -> None:
         self.core = core
         self.agents: dict[str, AgentView] = {}  # offerable agents, as the stream says
         self.frameworks: dict[str, FrameworkView] = {}
-        self.weights: dict[str, float] = {}
+        self.roles: dict[str, RoleView] = {}  # roles with a weight or quota, as the stream says
         self.tasks: dict[str, TaskUse] = {}  # key -> usage of non-terminal tasks
         self.applied: dict[str, TaskUse] = {}  # what the core holds as used
         self.waiting: set[str] = set()  # task keys not (yet) applied
@@ -92,7 +109,7 @@ class StreamFeed:
         """A whole new copy of the stream: everything we know and it lacks is deleted."""
         known = {*(f"agents/{a}" for a in self.agents),
                  *(f"frameworks/{f}" for f in self.frameworks),
-                 *(f"roles/{r}" for r in self.weights), *self.tasks}
+                 *(f"roles/{r}" for r in self.roles), *self.tasks}
         gone = [bus_pb2.StateEntry(key=k, deleted=True) for k in known - store.keys()]
         self.apply([*store.values(), *gone])
 
@@ -216,19 +233,27 @@ class StreamFeed:
         return True
 
     def _role(self, role: str, value: state_pb2.StateValue | None) -> bool:
-        weight = 1.0
-        if value is not None and value.WhichOneof("kind") == "role" and value.role.weight > 0:
-            weight = value.role.weight
-        if self.weights.get(role, 1.0) == weight:
-            if value is None:
-                self.weights.pop(role, None)
+        """A role's weight and quota (guarantee, limit); absent = 1 and none."""
+        view = NO_ROLE
+        if value is not None and value.WhichOneof("kind") == "role":
+            rec = value.role
+            view = RoleView(rec.weight if rec.weight > 0 else 1.0,
+                            _amounts(rec.quota_guarantee), _amounts(rec.quota_limit))
+        old = self.roles.get(role, NO_ROLE)
+        if view == old:
             return False
         try:
-            self.core.set_weight(role, weight)
+            if view.weight != old.weight:
+                self.core.set_weight(role, view.weight)
+            if (view.guarantee, view.limit) != (old.guarantee, old.limit):
+                self.core.set_quota(role, dict(view.guarantee), dict(view.limit))
         except AllocatorError as exc:
-            self.notices.append(Notice.of("weight_refused", f"{exc}", "warning"))
+            self.notices.append(Notice.of("role_refused", f"{role}: {exc}", "warning"))
             return False
-        self.weights[role] = weight
+        if view == NO_ROLE:
+            self.roles.pop(role, None)
+        else:
+            self.roles[role] = view
         return True
 
     # -- tasks ---------------------------------------------------------------------------

@@ -114,18 +114,6 @@ def headroom(usable: Resources, held: Vector, total: Vector, level: float) -> Re
     return Resources(scalars)
 
 
-def key_with(held: Vector, delta: Vector, sign: int, total: Vector, weight: float) -> float:
-    """The weighted dominant share of `held` plus (sign=1) or minus (sign=-1) `delta`."""
-    best = 0.0
-    for n in DRF_RESOURCES:
-        t = total.get(n)
-        if t:
-            v = held.get(n, 0) + sign * delta.get(n, 0)
-            if v / t > best:
-                best = v / t
-    return best / weight
-
-
 def add_into(into: dict[str, int], resources: Resources, sign: int = 1) -> None:
     """into += (sign=1) or -= (sign=-1) the DRF scalars of `resources`; zeros dropped."""
     for n, v in scalar_vector(resources).items():

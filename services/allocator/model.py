@@ -108,7 +108,7 @@ class Allocation:
 
 
 class Outcome(enum.Enum):
-    """internal.proto AllocatorDecision.Outcome (QUOTA_LIMIT unused until quotas)."""
+    """internal.proto AllocatorDecision.Outcome."""
 
     OFFERED = "OUTCOME_OFFERED"
     SUPPRESSED = "OUTCOME_SUPPRESSED"
@@ -117,6 +117,7 @@ class Outcome(enum.Enum):
     FAIR_SHARE = "OUTCOME_FAIR_SHARE"
     INACTIVE = "OUTCOME_INACTIVE"
     DEMAND_MET = "OUTCOME_DEMAND_MET"
+    QUOTA_LIMIT = "OUTCOME_QUOTA_LIMIT"
 
 
 @dataclass(frozen=True)
@@ -229,3 +230,4 @@ class Notes:
     reserved_agents: int = 0  # agents offered where resources reserved for others were left
     revocable: int = 0  # revocable allocations (beyond its guaranteed share)
     split: int = 0  # agents offered in two allocations, guaranteed and revocable
+    quota: str = ""  # what of its role's quota cut or refused an offer: limit, guarantee

@@ -8,6 +8,10 @@ tasks to revoke on which agent. The rules keep the outcome stable (no ping-pong)
   declared shape counted (key(H - tasks) >= key(N + task)): each revocation moves resources
   from a higher share to a lower one without inverting them, so the sorted shares rise
   and revocations end;
+- a framework below its role's quota guarantee (its next task within what the guarantee
+  still needs) reclaims and revokes from any framework outside that role, whatever the
+  shares; no holder is ever taken below its own role's guarantee (quota.py `protected`),
+  so guarantees never take from each other;
 - a framework of unknown demand that just arrived (fresh) reclaims one outstanding offer
   when the holder stays at or above it after the move (key(H - O) >= key(N + O)).
 
@@ -21,9 +25,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from services.allocator.fill import Shape, covers, free_ports, key_with, minus, next_unit
+from services.allocator.fill import Shape, covers, free_ports, minus, next_unit
 from services.allocator.model import Reclaim, Revocation
-from services.allocator.sorter import scalar_vector
+from services.allocator.quota import guaranteed_roles, own_shortfall, protected
+from services.allocator.sorter import Move, compare, role_path, scalar_vector
 from services.resources import UNRESERVED, Resources
 
 if TYPE_CHECKING:
@@ -63,14 +68,22 @@ def _for_declared(core: AllocatorCore, fid: str, claimed: set[tuple[str, str]], 
     unit = next_unit(fw.demands, sorter.allocation(fid))
     if unit is None:
         return
-    total = sorter.total
-    after = key_with(sorter.allocation(fid), unit.vector, 1, total, sorter.dominant(fid)[2])
+    after = sorter.key_after(fid, [(fid, unit.vector, 1)])
+    role = fw.role
+    guarantees = bool(core.quotas.guaranteed)
+    # Below its role's guarantee (the task within what it still needs): it takes back from
+    # any framework outside that role, down to the holder's own guarantee, whatever the shares.
+    mine = guaranteed_roles(core, role) if guarantees else set()
+    short = own_shortfall(core, role) if mine else {}
+    below = bool(short) and all(unit.vector.get(n, 0) <= short.get(n, 0) for p in mine
+                                for n in core.quotas.guaranteed[p])
     above = {h: sorter.key(h) for h in fws if h != fid and fws[h].agents}
-    above = {h: k for h, k in above.items() if k > after}
+    above = {h: k for h, k in above.items() if k > after or (
+        below and not mine.intersection(role_path(fws[h].role)))}
     if not above:
         return
-    role = fw.role
     unit_res = unit.resources
+    why_below = "below its role's quota guarantee" if below else "below its share"
     revoke: tuple[str, list[str], str, dict[str, int]] | None = None
     seen: set[str] = set()
     for agent_id in sorted({a for h in above for a in fws[h].agents},
@@ -84,41 +97,45 @@ def _for_declared(core: AllocatorCore, fid: str, claimed: set[tuple[str, str]], 
         have, ports = scalar_vector(free), free_ports(free, role)
         picked: list[str] = []
         for h in sorted((h for h in above if h in agent.offered and (h, agent_id) not in claimed),
-                        key=lambda h: -above[h]):
+                        key=above.__getitem__, reverse=True):
             if covers(have, unit.vector) and ports >= unit.ports:
                 break
             offered = agent.offered[h].for_role(role)
-            if not offered:
+            if not offered or (guarantees and protected(core, h, scalar_vector(offered))):
                 continue
             picked.append(h)
             for n, v in scalar_vector(offered).items():
                 have[n] = have.get(n, 0) + v
             ports += free_ports(offered, role)
         if covers(have, unit.vector) and ports >= unit.ports:
-            _reclaim(out, claimed, picked, agent_id, fid, f"for {fid}, below its share, "
+            _reclaim(out, claimed, picked, agent_id, fid, f"for {fid}, {why_below}, "
                      f"which needs {unit.resources}")
             out.said[fid] = f"reclaiming offers of {', '.join(picked)} on {agent_id}"
             core.reclaim_started(fid, now + RECLAIM_PATIENCE_S)
             return
         if revoke is None and core.revocation_grace_s is not None and ports >= unit.ports:
             need = minus(dict(unit.vector), have)
-            for h in sorted(above, key=lambda h: -above[h]):
+            for h in sorted(above, key=above.__getitem__, reverse=True):
                 used = agent.used.get(h)
                 freed = _whole_tasks(fws[h].demands, need)
                 if (used is None or freed is None or core.revoking(h, agent_id, now)
-                        or not covers(scalar_vector(used.for_role(role)), freed)):
+                        or not covers(scalar_vector(used.for_role(role)), freed)
+                        or (guarantees and protected(core, h, freed))):
                     continue
-                held = sorter.allocation(h)
-                if key_with(held, freed, -1, total, sorter.dominant(h)[2]) >= after - EPS:
+                moves: list[Move] = [  # the offers picked go back too (shares of roles)
+                    *((p, scalar_vector(agent.offered[p]), -1) for p in picked),
+                    (h, freed, -1), (fid, unit.vector, 1)]
+                if below or compare(sorter.key_after(h, moves), sorter.key_after(fid, moves),
+                                    EPS) >= 0:
                     revoke = (agent_id, picked, h, need)
                     break
     if revoke is not None:
         agent_id, picked, h, need = revoke
         grace = core.revocation_grace_s or 0.0
-        _reclaim(out, claimed, picked, agent_id, fid, f"for {fid}, below its share")
+        _reclaim(out, claimed, picked, agent_id, fid, f"for {fid}, {why_below}")
         resources = Resources({(n, UNRESERVED): v for n, v in need.items()})
-        why = (f"{fid} is below its fair share and needs {unit.resources} on {agent_id}; "
-               f"{h} is above its share")
+        why = (f"{fid} is {why_below} and needs {unit.resources} on {agent_id}; {h} is "
+               + ("outside that role" if below else "above its share"))
         out.revocations.append(Revocation(h, agent_id, resources, grace, fid, why))
         out.said[fid] = (f"revoking {resources} of {h}'s tasks on {agent_id} "
                          f"(grace {grace:g} s)")
@@ -129,25 +146,24 @@ def _for_newcomer(core: AllocatorCore, fid: str, claimed: set[tuple[str, str]],
                   out: Plan) -> None:
     sorter, fws, agents = core.sorter, core.frameworks, core.agents
     fw = fws[fid]
-    total, mine, weight = sorter.total, sorter.allocation(fid), sorter.dominant(fid)[2]
     own = sorter.key(fid)
     for h in sorted((h for h in fws if h != fid and fws[h].agents), key=sorter.key,
                     reverse=True):
         if sorter.key(h) <= own:
             return
-        held, hw = sorter.allocation(h), sorter.dominant(h)[2]
         for agent_id in sorted(fws[h].agents, key=lambda a: agents[a].seq):
             offered = agents[agent_id].offered.get(h)
             if offered is None or (h, agent_id) in claimed:
                 continue
             part = offered.for_role(fw.role)
             vec = scalar_vector(part)
-            if not core.allocatable(part):
+            if not core.allocatable(part) or protected(core, h, vec):
                 continue
             flts = core.filters.on(agent_id).get(fid)
             if flts and any(f.refuses(part, -math.inf) for f in flts):
                 continue
-            if key_with(held, vec, -1, total, hw) >= key_with(mine, vec, 1, total, weight):
+            moves: list[Move] = [(h, vec, -1), (fid, vec, 1)]
+            if compare(sorter.key_after(h, moves), sorter.key_after(fid, moves), 0.0) >= 0:
                 _reclaim(out, claimed, [h], agent_id, fid, f"for {fid}, a new framework "
                          f"below its share")
                 out.said[fid] = f"reclaiming offers of {h} on {agent_id}"

@@ -23,6 +23,8 @@ from services.cli.client import (
     master_state,
     operator_call,
 )
+from services.resources import Resources
+from services.roles import role_error
 
 console = Console()
 
@@ -144,6 +146,8 @@ def cmd_table(args: argparse.Namespace) -> int:
 
 def cmd_roles(args: argparse.Namespace) -> int:
     if args.what:
+        if args.what[0] == "quota":
+            return _set_quota(args)
         return _set_weight(args)
     url = cluster_url(args.cluster, args.run_dir)
     allocator = find_leader(url, args.timeout, role="allocator")
@@ -167,17 +171,54 @@ def _set_weight(args: argparse.Namespace) -> int:
     """`offerbus roles weight ROLE W`: the operator's SetWeight (weighted DRF)."""
     what = args.what
     if len(what) != 3 or what[0] != "weight":
-        raise CliError("usage: offerbus roles weight ROLE WEIGHT, e.g. offerbus roles weight eng 2")
+        raise CliError("usage: offerbus roles weight ROLE WEIGHT, e.g. offerbus roles weight "
+                       "eng/batch 2; or offerbus roles quota ROLE [--guarantee R] [--limit R]")
     try:
         weight = float(what[2])
     except ValueError:
         raise CliError(f"weight {what[2]!r} is not a number") from None
+    _check_role(what[1])
     url = cluster_url(args.cluster, args.run_dir)
     leader, _ = master_state(url, args.timeout)
     call = operator_pb2.OperatorCall()
     call.set_weight.role, call.set_weight.weight = what[1], weight
     event = operator_call(leader, call, args.timeout)
     console.print(event.done.message or f"role {what[1]} weight {weight:g}")
+    return 0
+
+
+def _check_role(role: str) -> None:
+    error = role_error(role)
+    if error is not None:
+        raise CliError(error)
+
+
+def _set_quota(args: argparse.Namespace) -> int:
+    """`offerbus roles quota ROLE [--guarantee R] [--limit R] [--clear]`: the operator's
+    SetQuota. What is not given is kept as the master has it; `--clear` drops both."""
+    what = args.what
+    if len(what) != 2 or (args.guarantee is None and args.limit is None and not args.clear):
+        raise CliError("usage: offerbus roles quota ROLE [--guarantee cpus:2;mem:1024] "
+                       "[--limit cpus:4] [--clear]; an empty value ('') clears one")
+    role = what[1]
+    _check_role(role)
+    given = {}
+    for name, text in (("guarantee", args.guarantee), ("limit", args.limit)):
+        if text is not None:
+            try:
+                given[name] = Resources.parse(text).to_proto()  # zeros kept: cpus:0 limits
+            except ValueError as exc:
+                raise CliError(f"--{name} {text!r}: {exc}") from None
+    url = cluster_url(args.cluster, args.run_dir)
+    leader, state = master_state(url, args.timeout)
+    now = {} if args.clear else views.role_quota(state, role)
+    call = operator_pb2.OperatorCall()
+    call.set_quota.role = role
+    for name, items in (("guarantee", call.set_quota.guarantee),
+                        ("limit", call.set_quota.limit)):
+        items.extend(given.get(name, now.get(name, [])))
+    event = operator_call(leader, call, args.timeout)
+    console.print(event.done.message or f"role {role} quota set")
     return 0
 
 
@@ -268,7 +309,7 @@ def parser() -> argparse.ArgumentParser:
                "agents": ("agents and their resources", cmd_table),
                "frameworks": ("frameworks", cmd_table),
                "tasks": ("tasks, where they run, their health", cmd_table),
-               "roles": ("roles: weight, frameworks, dominant share (the allocator's)",
+               "roles": ("roles: weight, quota, frameworks, dominant share (the allocator's)",
                          cmd_roles)}
     for name, (text, fn) in listing.items():
         p = sub.add_parser(name, help=text)
@@ -276,8 +317,14 @@ def parser() -> argparse.ArgumentParser:
         if name == "tasks":
             p.add_argument("--all", action="store_true", help="include finished tasks")
         if name == "roles":
-            p.add_argument("what", nargs="*", metavar="weight ROLE WEIGHT",
-                           help="set a role's weight (operator), e.g. `roles weight eng 2`")
+            p.add_argument("what", nargs="*", metavar="weight ROLE WEIGHT | quota ROLE",
+                           help="set a role's weight or quota (operator), e.g. `roles "
+                           "weight eng/batch 2`, `roles quota eng --limit cpus:4`")
+            p.add_argument("--guarantee", metavar="RESOURCES",
+                           help="with quota: set aside for the role while it has demand")
+            p.add_argument("--limit", metavar="RESOURCES",
+                           help="with quota: never offered to the role beyond this")
+            p.add_argument("--clear", action="store_true", help="with quota: drop both")
         p.set_defaults(fn=fn)
     p = sub.add_parser("kill", help="kill a task (operator)")
     p.add_argument("task")

@@ -9,9 +9,11 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
+from google.protobuf.json_format import ParseDict
 from rich.console import Console
 from rich.table import Table
 
+from schemas import common_pb2, state_pb2
 from services import tasks as task_states
 
 Doc = dict[str, Any]
@@ -150,6 +152,8 @@ def role_rows(doc: Doc, state: Doc | None = None) -> list[Row]:
     for r in sorted(doc.get("roles", []), key=lambda r: str(r.get("role", ""))):
         fids = [str(f) for f in r.get("frameworks", [])]
         out.append({"role": str(r.get("role", "")), "weight": float(r.get("weight", 1.0)),
+                    "guarantee": _amounts(r.get("guarantee")),
+                    "limit": _amounts(r.get("limit")),
                     "dominant_share": float(r.get("dominant_share", 0.0)),
                     "dominant_resource": str(r.get("dominant_resource", "")),
                     "shares": {str(k): float(v) for k, v in r.get("shares", {}).items()},
@@ -158,9 +162,29 @@ def role_rows(doc: Doc, state: Doc | None = None) -> list[Row]:
     return out
 
 
+def _amounts(value: object) -> dict[str, float]:
+    return ({str(k): float(v) for k, v in value.items()} if isinstance(value, dict) else {})
+
+
+def _quota_cell(r: Row) -> str:
+    parts = [f"{what} " + ";".join(f"{n}:{_fmt(v)}" for n, v in sorted(r[what].items()))
+             for what in ("guarantee", "limit") if r[what]]
+    return "\n".join(parts) or "-"
+
+
+def role_quota(state: Doc, role: str) -> dict[str, list[common_pb2.Resource]]:
+    """The role's quota as the master's /state has it (RoleRecord): guarantee, limit."""
+    for r in state.get("roles", []):
+        if r.get("role") == role:
+            rec = ParseDict(r, state_pb2.RoleRecord(), ignore_unknown_fields=True)
+            return {"guarantee": list(rec.quota_guarantee), "limit": list(rec.quota_limit)}
+    return {}
+
+
 def roles_table(doc: Doc, state: Doc | None = None) -> Table:
-    return table("roles", ("role", "weight", "dominant share", "shares", "frameworks"),
-                 ((r["role"], _fmt(r["weight"]),
+    return table("roles", ("role", "weight", "quota", "dominant share", "shares",
+                           "frameworks"),
+                 ((r["role"], _fmt(r["weight"]), _quota_cell(r),
                    f"{r['dominant_share']:.3f}"
                    + (f" ({r['dominant_resource']})" if r["dominant_resource"] else ""),
                    ", ".join(f"{k} {v:.3f}" for k, v in sorted(r["shares"].items())),

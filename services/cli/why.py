@@ -16,6 +16,7 @@ from typing import Any
 from rich.console import Console
 
 from services import tasks
+from services.allocator.decide import GUARANTEE_REASON
 from services.cli.client import CliError, cluster_url, find_leader, http_get, master_state
 from services.cli.trace import Span, end_ns, load_spans, names, start_ns
 from services.telemetry import spans as S
@@ -181,6 +182,14 @@ def decision_sentence(d: Doc, decisions: list[Doc], state: Doc, spans: list[Span
         return f"{who} gets no offers: it suppressed offers (revive to get offers again)."
     if outcome == "FILTERED":
         return f"{who} got no offer in cycle {cycle}: {_filtered(d, now)}."
+    if outcome == "QUOTA_LIMIT":
+        role = str(d.get("role", "")) or "?"
+        return (f"{who} got no offer in cycle {cycle}: its role's quota limit holds it back "
+                f"({d.get('reason', '')}); an operator may raise or clear the limit "
+                f"(offerbus roles quota {role} --limit RESOURCES, or --clear).")
+    if outcome == "FAIR_SHARE" and str(d.get("reason", "")).startswith(GUARANTEE_REASON):
+        return (f"{who} got no offer in cycle {cycle}: {d.get('reason', '')}; they come "
+                f"first until they hold their guarantee or have no demand left.")
     if outcome == "FAIR_SHARE":
         said = str(d.get("reason", ""))
         more = ("" if not said or said.startswith("frameworks with a lower weighted share")

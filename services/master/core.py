@@ -43,11 +43,15 @@ from services.master.records import (
     Reason,
     ReasonT,
     Task,
+    parse_quota,
     parse_resources,
+    quota_text,
+    role_record,
 )
 from services.master.revocation import RevocationHandlers, Revocations
 from services.master.state import logs_error
 from services.resources import UNRESERVED, Resources
+from services.roles import role_error
 
 RejectReason = common_pb2.RejectReason
 # A framework's call relayed to the broker travels wrapped (InternalMessage, the broker's
@@ -130,9 +134,9 @@ class MasterCore(AgentHandlers, FrameworkHandlers, RevocationHandlers):
                 fid, info, registered_at=_num(entry.get("registered_at_us")) / 1e6,
                 recovered=True)
         for role, entry in _section(doc, "roles").items():
-            weight = _num(entry.get("weight"))
-            if weight > 0:
-                self.roles[role] = state_pb2.RoleRecord(role=role, weight=weight)
+            rec = role_record(role, entry)
+            if rec is not None:
+                self.roles[role] = rec
 
     # -- public API --------------------------------------------------------------------
     def agent_call(self, peer: bytes, call: agent_pb2.AgentCall, now: float,
@@ -498,14 +502,28 @@ class MasterCore(AgentHandlers, FrameworkHandlers, RevocationHandlers):
             return [*out, done(f"agent {aid} marked gone")]
         if kind == "set_weight":
             sw = call.set_weight
-            if not sw.role or "/" in sw.role or math.isnan(sw.weight) \
-                    or math.isinf(sw.weight) or sw.weight <= 0:
-                return reject(bus_pb2.INVALID, "set_weight needs a role (no '/') and a finite "
-                              "weight > 0")
-            self.roles[sw.role] = state_pb2.RoleRecord(role=sw.role, weight=sw.weight)
-            self._touch("role", sw.role)
-            self._registry_changed()
+            error = role_error(sw.role) or (
+                None if math.isfinite(sw.weight) and sw.weight > 0 else
+                f"weight {sw.weight} must be finite and > 0")
+            if error is not None:
+                return reject(bus_pb2.INVALID, f"set_weight: {error}")
+            self.set_role(sw.role, weight=sw.weight)
             return [done(f"role {sw.role} weight {sw.weight:g}")]
+        if kind == "set_quota":
+            sq = call.set_quota
+            try:
+                quota = (parse_quota(sq.guarantee, "guarantee"), parse_quota(sq.limit, "limit"))
+            except ValueError as exc:
+                return reject(bus_pb2.INVALID, f"set_quota: {exc}")
+            limits = {r.name: r.scalar for r in quota[1]}
+            error = role_error(sq.role) or next(
+                (f"guarantee {r.name}:{r.scalar:g} exceeds its limit" for r in quota[0]
+                 if r.scalar > limits.get(r.name, r.scalar)), None)
+            if error is not None:
+                return reject(bus_pb2.INVALID, f"set_quota: {error}")
+            self.set_role(sq.role, quota=quota)
+            return [done(f"role {sq.role} quota guarantee {quota_text(quota[0]) or 'none'} "
+                         f"limit {quota_text(quota[1]) or 'none'}")]
         if kind == "teardown_framework":
             fid = call.teardown_framework.framework_id
             fw = self.frameworks.get(fid)

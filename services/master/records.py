@@ -4,6 +4,7 @@ times off the wire. The tables of them and the rules that change them are in sta
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -42,6 +43,53 @@ def us(t: float) -> int:
 def parse_resources(items: Iterable[common_pb2.Resource]) -> Resources:
     """Resources of a peer's message; ValueError when malformed (the caller rejects it)."""
     return Resources.from_proto(items)
+
+
+QUOTA_RESOURCES = ("cpus", "mem", "disk", "gpus")  # the allocator's DRF scalars
+
+
+def parse_quota(items: Iterable[common_pb2.Resource], what: str
+                ) -> list[common_pb2.Resource]:
+    """A role's guarantee or limit: unreserved scalars the allocator shares out, one per
+    name, zeros kept (a limit of cpus:0 is a limit); ValueError when it is not that."""
+    amounts: dict[str, float] = {}
+    for r in items:
+        if r.name not in QUOTA_RESOURCES or r.role not in ("", UNRESERVED) \
+                or r.WhichOneof("value") != "scalar" or not r.scalar >= 0 \
+                or math.isinf(r.scalar) or r.name in amounts:
+            raise ValueError(f"{what} must be unreserved {', '.join(QUOTA_RESOURCES)} "
+                             f"(each once, >= 0), e.g. cpus:4;mem:2048; got {r.name!r}")
+        amounts[r.name] = r.scalar
+    return [common_pb2.Resource(name=n, scalar=v, role=UNRESERVED)
+            for n, v in sorted(amounts.items())]
+
+
+def quota_text(items: Iterable[common_pb2.Resource]) -> str:
+    """`cpus:4;mem:2048` (zeros kept; Resources.parse reads it back)."""
+    return ";".join(f"{r.name}:{r.scalar:g}" for r in items)
+
+
+def role_record(role: str, entry: object) -> state_pb2.RoleRecord | None:
+    """A role's registry entry (`registry_role` wrote it), None if unreadable."""
+    if not isinstance(entry, dict):
+        return None
+    try:
+        weight = float(entry.get("weight", 1.0))
+        rec = state_pb2.RoleRecord(role=role, weight=weight if weight > 0 else 1.0)
+        for items, name in ((rec.quota_guarantee, "guarantee"), (rec.quota_limit, "limit")):
+            items.extend(parse_quota(Resources.parse(str(entry.get(name, ""))).to_proto(),
+                                     name))
+    except (TypeError, ValueError):
+        return None  # written by this code: not expected
+    return rec
+
+
+def registry_role(rec: state_pb2.RoleRecord) -> dict[str, object]:
+    out: dict[str, object] = {"weight": rec.weight}
+    for name, items in (("guarantee", rec.quota_guarantee), ("limit", rec.quota_limit)):
+        if items:
+            out[name] = quota_text(items)
+    return out
 
 
 # -- records -------------------------------------------------------------------------------

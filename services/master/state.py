@@ -41,6 +41,7 @@ from services.master.records import (
     ReasonT,
     Task,
     TaskKey,
+    registry_role,
     us,
 )
 from services.notice import Notice
@@ -191,7 +192,7 @@ class MasterState:
                              "failover_timeout_s": f.info.failover_timeout_s,
                              "registered_at_us": us(f.registered_at)}
             for f in self.frameworks.values()}
-        roles: dict[str, object] = {r: {"weight": rec.weight} for r, rec in self.roles.items()}
+        roles: dict[str, object] = {r: registry_role(rec) for r, rec in self.roles.items()}
         return {"frameworks": dict(sorted(frameworks.items())),
                 "roles": dict(sorted(roles.items()))}
 
@@ -202,6 +203,22 @@ class MasterState:
             change.update(cluster_id=self.cluster_id, **self._registry_sections_doc())
         self._registry_agents, self._registry_sections = set(), False
         return change
+
+    def set_role(self, role: str, weight: float | None = None,
+                 quota: tuple[Iterable[common_pb2.Resource], Iterable[common_pb2.Resource]]
+                 | None = None) -> state_pb2.RoleRecord:
+        """An operator set the role's weight or its quota (guarantee, limit): kept in the
+        registry's roles and published (roles/<role>)."""
+        rec = self.roles.setdefault(role, state_pb2.RoleRecord(role=role, weight=1.0))
+        if weight is not None:
+            rec.weight = weight
+        if quota is not None:
+            for items, given in zip((rec.quota_guarantee, rec.quota_limit), quota, strict=True):
+                del items[:]
+                items.extend(given)
+        self._touch("role", role)
+        self._registry_changed()
+        return rec
 
     def _registry_changed(self, *agent_ids: str) -> None:
         """The registry entries of `agent_ids` changed; with none, the cluster id, the

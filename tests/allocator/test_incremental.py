@@ -13,10 +13,13 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from services.allocator.core import Agent, AllocatorCore, Cycle, Framework, Outcome
 from services.allocator.fill import Shape, next_unit, take_unit
+from services.allocator.quota import apply
 from services.resources import Resources
 from tests.allocator.test_allocator_core import ROLES, agent_totals
 
 AGENT = Resources.of(cpus=4, mem=8192, ports=[(31000, 31009)])
+# Framework roles of the machine: flat ones (reservations are for these) and sub-roles.
+FW_ROLES = [*ROLES, "a/x", "a/y"]
 YEAR = 365 * 24 * 3600.0
 
 
@@ -166,9 +169,11 @@ def _fits(core: AllocatorCore, fw: Framework, agent: Agent) -> bool:
     next declared task, counting what it runs and is offered there)."""
     free = agent.free.for_role(fw.role)
     if not fw.demands:
-        return core._allocatable(free)
-    unit = next_unit(fw.demands, core.demand_held(fw.framework_id, agent))
-    return bool(unit and take_unit(free, unit, fw.role))
+        take: Resources | None = free if core._allocatable(free) else None
+    else:
+        unit = next_unit(fw.demands, core.demand_held(fw.framework_id, agent))
+        take = take_unit(free, unit, fw.role) if unit else None
+    return take is not None and apply(core, fw, take, None)[0] is not None
 
 
 # -- the same random events to an incremental and a full-scan core --------------------------
@@ -222,7 +227,7 @@ class IncrementalMachine(RuleBasedStateMachine):
         elif agent.total.contains(extra):
             self.both("agent_updated", agent.agent_id, agent.total - extra)
 
-    @rule(role=st.sampled_from(ROLES), active=st.booleans(), then=st.booleans())
+    @rule(role=st.sampled_from(FW_ROLES), active=st.booleans(), then=st.booleans())
     def add_framework(self, role: str, active: bool, then: bool) -> None:
         self.n += 1
         self.both("framework_added", f"f{self.n}", role, active)
@@ -254,9 +259,17 @@ class IncrementalMachine(RuleBasedStateMachine):
         self.both("demand", self.pick(list(self.inc.frameworks), i), demand)
         self.then(then)
 
-    @rule(role=st.sampled_from(ROLES), weight=st.sampled_from([0.5, 1.0, 3.0]))
+    @rule(role=st.sampled_from(FW_ROLES), weight=st.sampled_from([0.5, 1.0, 3.0]))
     def set_weight(self, role: str, weight: float) -> None:
         self.both("set_weight", role, weight)
+
+    @rule(role=st.sampled_from(FW_ROLES), guarantee=st.sampled_from([None, 0.0, 1.0, 4.0]),
+          limit=st.sampled_from([None, 0.0, 0.5, 2.0, 8.0]), then=st.booleans())
+    def set_quota(self, role: str, guarantee: float | None, limit: float | None,
+                  then: bool) -> None:
+        self.both("set_quota", role, None if guarantee is None else {"cpus": guarantee},
+                  None if limit is None else {"cpus": limit})  # cpus:0 is a limit
+        self.then(then)
 
     @precondition(lambda self: self.inc.agents and self.inc.frameworks)
     @rule(i=st.integers(0, 99), j=st.integers(0, 99), dt=st.sampled_from([0.5, 4.0, 1e9]))

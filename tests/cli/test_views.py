@@ -14,9 +14,11 @@ from typing import Any
 import pytest
 from rich.console import Console
 
+from schemas import operator_pb2
 from services.bus.election import LeaderInfo
 from services.cli import main as cli_main
 from services.cli import views
+from services.resources import Resources
 
 LONG = "x" * 70
 
@@ -49,7 +51,8 @@ ROLES = {"roles": [
     {"role": "*", "weight": 1.0, "dominant_share": 0.25, "dominant_resource": "cpus",
      "shares": {"cpus": 0.25, "mem": 0.1}, "frameworks": [f"fw-{LONG}", "fw-gone"]},
     {"role": "batch", "weight": 3.0, "dominant_share": 0.5, "dominant_resource": "mem",
-     "shares": {"cpus": 0.125, "mem": 0.5}, "frameworks": []}]}
+     "shares": {"cpus": 0.125, "mem": 0.5}, "frameworks": [],
+     "guarantee": {"cpus": 2.0, "mem": 1024.0}, "limit": {"cpus": 4.0}}]}
 
 
 def render(table: Any, width: int = 80) -> str:
@@ -91,6 +94,8 @@ def test_roles_rendering() -> None:
                 or line.strip().startswith("* ") or "0.250 (cpus)" in line)
     assert "0.250 (cpus)" in star and "cpus 0.250, mem 0.100" in star and "web" in star
     assert "0.500 (mem)" in out and "3" in out
+    assert "guarantee cpus:2;mem:1024" in out and "limit cpus:4" in out
+    assert rows[1]["limit"] == {"cpus": 4.0} and rows[0]["guarantee"] == {}
 
 
 @pytest.fixture
@@ -137,3 +142,51 @@ def test_help_fits_and_the_cli_runs_as_a_module() -> None:
                          capture_output=True, text=True, timeout=60,
                          env={**os.environ, "COLUMNS": "80"})
     assert out.returncode == 0 and "--json" in out.stdout
+
+
+@pytest.fixture
+def calls(cli: Any, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The operator calls the CLI sends; the master's /state has a limit for `eng`."""
+    state = master_state()
+    state["roles"] = [{"role": "eng", "weight": 1.0, "quota_limit": [
+        {"name": "cpus", "scalar": 8.0}]}]
+    leader = LeaderInfo("master", "master-1", 3, {"http": "http://m:1"})
+    monkeypatch.setattr(cli_main, "master_state", lambda url, t: (leader, state))
+    sent: list[Any] = []
+
+    def call(leader: Any, c: Any, timeout: float) -> Any:
+        sent.append(c)
+        return operator_pb2.OperatorEvent(done=operator_pb2.OperatorEvent.Done(message="ok"))
+
+    monkeypatch.setattr(cli_main, "operator_call", call)
+    return sent
+
+
+def test_roles_quota_sets_what_is_given_and_keeps_the_rest(cli: Any, calls: list[Any]
+                                                           ) -> None:
+    res = Resources
+    cli("roles", "quota", "eng", "--guarantee", "cpus:2;mem:1024")
+    q = calls[-1].set_quota
+    assert q.role == "eng"
+    assert res.from_proto(q.guarantee) == res.of(cpus=2, mem=1024)
+    assert res.from_proto(q.limit) == res.of(cpus=8)  # kept as the master has it
+    cli("roles", "quota", "eng", "--limit", "")
+    assert not calls[-1].set_quota.limit and not calls[-1].set_quota.guarantee
+    cli("roles", "quota", "eng/web", "--clear", "--limit", "cpus:4")
+    q = calls[-1].set_quota
+    assert q.role == "eng/web" and res.from_proto(q.limit) == res.of(cpus=4)
+    cli("roles", "quota", "eng", "--limit", "cpus:0")  # a zero limit is sent as such
+    assert [(r.name, r.scalar) for r in calls[-1].set_quota.limit] == [("cpus", 0.0)]
+    cli("roles", "weight", "eng/web", "2")
+    assert calls[-1].set_weight.role == "eng/web" and calls[-1].set_weight.weight == 2
+
+
+@pytest.mark.parametrize("argv", [("roles", "quota", "eng"),
+                                  ("roles", "quota", "eng//x", "--limit", "cpus:1"),
+                                  ("roles", "quota", "eng", "--limit", "cpus:x"),
+                                  ("roles", "weight", "eng/..", "2")])
+def test_roles_quota_and_weight_refuse_bad_input(cli: Any, calls: list[Any],
+                                                 tmp_path: Path, argv: tuple[str, ...]
+                                                 ) -> None:
+    code = cli_main.main(["--run-dir", str(tmp_path), "--cluster", "file:///x", *argv])
+    assert code != 0 and not calls

@@ -228,3 +228,23 @@ def test_why_says_what_is_reclaimed_for_a_framework_below_its_share(
     out = why.explain("fw-batch", decisions, state_json(), spans, {})
     assert "the allocator says: below its fair share" in out[1], out
     assert "reclaiming offers of fw-web on agent-1" in out[1], out
+
+
+def test_why_names_a_quota_limit_and_a_guarantee() -> None:
+    from services.resources import Resources
+
+    core = AllocatorCore()
+    core.agent_added("agent-1", "agent-1", AGENT)
+    core.set_quota("web", limit=Resources.of(cpus=0.5))
+    core.framework_added("fw-web", "web")
+    core.resources_used("agent-1", "fw-web", Resources.of(cpus=0.5))
+    out = why.explain("web", decisions_json(core.allocate(NOW)), state_json(), [], {})
+    assert "its role's quota limit holds it back" in out[1], out
+    assert "web limit cpus:0.5" in out[1] and "offerbus roles quota web" in out[1], out
+    core.framework_removed("fw-web")
+    core.set_quota("gold", guarantee=AGENT)
+    core.framework_added("fw-gold", "gold")
+    core.refuse("fw-gold", "agent-1", NOW + 100)  # it declines for now; its role has demand
+    core.framework_added("fw-web", "*")
+    out = why.explain("web", decisions_json(core.allocate(NOW + 1)), state_json(), [], {})
+    assert "set aside for the quota guarantee of role(s) gold" in out[1], out
