@@ -1,0 +1,16 @@
+#!/bin/sh
+# The service image's entrypoint: `ROLE [options...]`, or the options alone when the image was
+# built with --build-arg ROLE=... (OFFERBUS_ROLE). Runs the role's service in the foreground
+# (exec: signals reach it directly).
+set -eu
+case "${1:-}" in
+  master|allocator|broker|agent|cli) role=$1; shift ;;
+  *) role=${OFFERBUS_ROLE:-} ;;
+esac
+case "$role" in
+  master|allocator|broker|agent) exec python -m "services.$role" "$@" ;;
+  cli) exec python -m services.cli "$@" ;;
+  *) echo "offerbus image: the first argument is the role: master, allocator, broker, agent" \
+          "or cli (got '${role:-nothing}')" >&2
+     exit 64 ;;
+esac

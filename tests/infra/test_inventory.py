@@ -1,0 +1,215 @@
+"""The inventory: the example fleet renders configurations the services' own loader accepts,
+one zoo.cfg whose servers are the inventory's ZooKeeper hosts and a myid each, units under
+the prefix; bad inventories are refused with a clear error; the rollout's --dry-run prints
+every command and file and runs nothing (no host is contacted in these tests)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+import shlex
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from infra import inventory, rollout
+from services.cli import config_cmd
+
+EXAMPLE = Path(inventory.__file__).with_name("inventory.example.toml")
+
+SMALL = """
+[cluster]
+ssh_user = "admin"
+[services.master]
+http_port = 8080
+{hosts}
+"""
+HOSTS = [("zk-1", "10.9.0.1", ["zookeeper", "master", "allocator", "broker"]),
+         ("agent-1", "10.9.0.2", ["agent"])]
+
+
+def small(hosts: list[tuple[str, str, list[str]]] = HOSTS, extra: str = "") -> str:
+    text = "".join(f'\n[[host]]\nname = "{n}"\naddress = "{a}"\nroles = {r!r}\n'.replace(
+        "'", '"') for n, a, r in hosts)
+    return SMALL.format(hosts=text) + extra
+
+
+def test_the_example_fleet_has_the_documented_layout() -> None:
+    inv = inventory.load(str(EXAMPLE))
+    counts = {role: len(inv.with_role(role)) for role in inventory.ROLES}
+    assert counts == {"zookeeper": 3, "master": 3, "allocator": 2, "broker": 2, "agent": 4}
+
+
+def test_every_rendered_config_loads_with_the_services_loader(tmp_path: Path) -> None:
+    inv = inventory.load(str(EXAMPLE))
+    assert inventory.check_configs(inv) == []
+    for host in inv.hosts:
+        roles = [r for r in host.roles if r in inventory.SERVICE_ROLES]
+        if not roles:
+            continue
+        path = tmp_path / f"{host.name}.toml"
+        path.write_text(inventory.service_config(inv, host))
+        lines, errors = config_cmd.check(str(path), roles, {})
+        assert errors == []
+        text = "\n".join(lines)
+        assert f'host = "{host.address}"' in text
+        assert f'cluster = "{inv.cluster_url()}"' in text
+        assert [line[1:-1] for line in lines if line.startswith("[")] == roles
+    agent = inv.with_role("agent")[2]
+    doc = tomllib.loads(inventory.service_config(inv, agent))
+    assert doc["agent"]["resources"].startswith("cpus:16")  # the host's own options
+    assert doc["agent"]["http_port"] == 8083  # and [services.agent]
+
+
+def test_a_config_the_loader_refuses_is_reported_per_host() -> None:
+    inv = inventory.parse(small(extra='\n[services.broker]\noffer_timeout = -1\n'
+                                      'no_such_option = 3\n'))
+    errors = inventory.check_configs(inv)
+    assert len(errors) == 1 and errors[0].startswith("host zk-1: [broker]")
+    assert "no_such_option" in errors[0] and inventory.CONFIG_PATH in errors[0]
+
+
+def test_zoo_cfg_lists_the_inventorys_zookeeper_hosts_and_each_has_its_myid() -> None:
+    inv = inventory.load(str(EXAMPLE))
+    zk = inv.with_role("zookeeper")
+    cfg = inventory.zoo_cfg(inv)
+    servers = dict(re.findall(r"^server\.(\d+)=(\S+)$", cfg, re.MULTILINE))
+    assert servers == {str(i): f"{h.address}:2888:3888" for i, h in enumerate(zk, start=1)}
+    assert "clientPort=2181" in cfg.splitlines()
+    assert inv.cluster_url() == f"zk://{','.join(h.address + ':2181' for h in zk)}/offerbus"
+    for myid, host in enumerate(zk, start=1):
+        files = {f.path: f.content for f in inventory.files_for(inv, host)}
+        assert files[f"{inventory.ZK_DATA_DIR}/myid"] == f"{myid}\n"
+        assert files[f"{inventory.ZK_CONF_DIR}/zoo.cfg"] == cfg
+        assert inventory.CONFIG_PATH not in files  # ZooKeeper only: no services config
+
+
+def test_units_are_rendered_under_the_inventorys_prefix() -> None:
+    inv = inventory.parse(small(extra="").replace("[cluster]", '[cluster]\nprefix = "/srv/ob"'))
+    files = {f.path: f.content for f in inventory.files_for(inv, inv.hosts[1])}
+    unit = files["/etc/systemd/system/offerbus-agent.service"]
+    assert "ExecStart=/srv/ob/venv/bin/python -m services.agent" in unit
+    assert "/opt/offerbus/" not in unit
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    (small([("a", "10.9.0.1", ["zookeeper", "master", "allocator", "broker"]),
+            ("b", "10.9.0.1", ["agent"])]), "duplicate address '10.9.0.1'"),
+    (small([("a", "10.9.0.1", ["zookeeper", "master", "allocator", "broker"]),
+            ("a", "10.9.0.2", ["agent"])]), "duplicate name 'a'"),
+    (small([*HOSTS, ("zk-2", "10.9.0.3", ["zookeeper"])]),
+     "2 ZooKeeper hosts: an ensemble needs an odd number"),
+    (small([("zk-1", "10.9.0.1", ["zookeeper", "master", "allocator"]),
+            ("agent-1", "10.9.0.2", ["agent"])]), "no host has the role(s) broker"),
+    (small([("zk-1", "10.9.0.1", ["zookeeper", "master", "allocator", "broker", "cook"])]),
+     "each must be one of"),
+    (small(extra="\n[cluster2]\nx = 1\n"), "unknown key(s) cluster2"),
+    (small().replace("[cluster]", "[cluster]\nssh_usr = \"x\""), "unknown key(s) ssh_usr"),
+    (small().replace('name = "agent-1"', 'name = "agent-1"\nport = 3'),
+     "host 'agent-1': unknown key(s) port"),
+    (small().replace('"10.9.0.2"', '"0.0.0.0"'), "is not an address others can reach"),
+    (small(extra="\n[services.frontend]\nx = 1\n"), "[services.frontend]: not a service"),
+    (small().replace('roles = ["agent"]', 'roles = ["agent"]\n[host.master]\nport = 1'),
+     "options for master but it has no master role"),
+    ("[cluster]\n", "no [[host]] entries"),
+    ("[cluster\n", "not valid TOML"),
+])
+def test_bad_inventories_are_refused(text: str, message: str) -> None:
+    with pytest.raises(inventory.InventoryError) as caught:
+        inventory.parse(text, "fleet.toml")
+    assert message in str(caught.value) and str(caught.value).startswith("fleet.toml")
+
+
+def _run(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = rollout.main(argv)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_dry_run_prints_every_command_and_file_and_runs_nothing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"a dry run ran {args}")
+    monkeypatch.setattr(rollout.subprocess, "run", refuse)
+    code, out, _ = _run([str(EXAMPLE), "--dry-run"])
+    assert code == 0
+    inv = inventory.load(str(EXAMPLE))
+    for host in inv.hosts:
+        for f in inventory.files_for(inv, host):
+            assert f.content in out
+        assert out.count(f"# [{host.name}] write ") == len(inventory.files_for(inv, host))
+        assert f"# [{host.name}] the source tree\nrsync " in out
+    starts = re.findall(r"^# \[(\S+)\] start \(or restart\) (\w+)$", out, re.MULTILINE)
+    assert [role for _, role in starts] == [r for r in inventory.ROLES
+                                            for _ in inv.with_role(r)]  # ZooKeeper first
+    assert "systemctl enable offerbus-agent.service" in out
+    # the services run the tree itself, data files included (a wheel lacks master/static/)
+    assert "/opt/offerbus/venv/bin/pip install --quiet --editable /opt/offerbus/src" in out
+    assert "ops@10.0.3.4" in out and "admin@10.0.3.3" in out
+
+
+def test_only_one_role(monkeypatch: pytest.MonkeyPatch) -> None:
+    code, out, _ = _run([str(EXAMPLE), "--dry-run", "--only", "agent"])
+    assert code == 0
+    hosts = set(re.findall(r"^# \[(\S+)\]", out, re.MULTILINE))
+    assert hosts == {f"agent-{i}" for i in range(1, 5)}
+    assert "start (or restart) master" not in out
+
+
+def test_only_some_hosts() -> None:
+    code, out, _ = _run([str(EXAMPLE), "--dry-run", "--only", "master", "--host", "master-2",
+                         "--host", "master-3"])
+    assert code == 0
+    assert set(re.findall(r"^# \[(\S+)\]", out, re.MULTILINE)) == {"master-2", "master-3"}
+    code, out, err = _run([str(EXAMPLE), "--dry-run", "--host", "master-9"])
+    assert code == 2 and out == "" and "--host master-9: not in" in err
+
+
+def test_rollout_runs_the_plan_in_order_and_stops_at_a_failure(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The shell around the plan (ssh and rsync replaced: no host is contacted)."""
+    ran: list[tuple[str, ...]] = []
+
+    class Done:
+        def __init__(self, code: int) -> None:
+            self.returncode = code
+
+    def fake(argv: tuple[str, ...], **kwargs: object) -> Done:
+        ran.append(argv)
+        return Done(1 if len(ran) == 3 else 0)
+    monkeypatch.setattr(rollout.subprocess, "run", fake)
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text(small())
+    code, _, err = _run([str(fleet)])
+    plan = inventory.plan(inventory.load(str(fleet)), str(rollout.REPO))
+    assert code == 1 and ran == [s.argv for s in plan[:3]]
+    assert "step 3 failed on zk-1" in err
+
+
+def test_a_bad_inventory_stops_the_rollout_before_any_command(tmp_path: Path) -> None:
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text(small([*HOSTS, ("zk-2", "10.9.0.3", ["zookeeper"])]))
+    code, out, err = _run([str(fleet), "--dry-run"])
+    assert code == 2 and out == "" and "odd number" in err
+
+
+def test_every_remote_script_is_valid_sh() -> None:
+    """The commands each ssh step runs on a host parse as POSIX sh (quoting survives)."""
+    inv = inventory.load(str(EXAMPLE))
+    scripts = 0
+    for step in inventory.plan(inv, str(rollout.REPO)):
+        if step.argv[0] != "ssh":
+            assert step.argv[0] == "rsync" and step.argv[-1].startswith(
+                f"{'ops' if step.host == 'agent-4' else 'admin'}@")
+            continue
+        words = shlex.split(step.argv[-1])
+        assert words[:3] == ["sudo", "sh", "-euc"] and len(words) == 4
+        done = subprocess.run(["sh", "-n", "-c", words[3]], capture_output=True, text=True,
+                              check=False)
+        assert done.returncode == 0, (words[3], done.stderr)
+        scripts += 1
+    assert scripts > 2 * len(inv.hosts)
