@@ -18,7 +18,8 @@ from typing import Any
 
 from chaos.fleet import ROLES, Fleet
 from chaos.probe import Probe, Sample
-from chaos.scenario import Fault, Scenario
+from chaos.proxy import Impairment
+from chaos.scenario import DEGRADE, Fault, Scenario
 from chaos.workload import Workload, check_short_tasks
 from chaos.workload import start as start_workload
 from services import tasks as ts
@@ -161,6 +162,10 @@ class Campaign:
                 os.kill(int(victim.split(":")[1]), signal.SIGKILL)
         elif fault.kind == "partition":
             self.fleet.partition(victim, fault.peer, fault.one_way)
+        elif fault.kind in DEGRADE:
+            imp = Impairment(fault.delay_ms, fault.jitter_ms, fault.stall_p, fault.stall_ms,
+                             fault.reset_p)
+            self.fleet.degrade(victim, fault.peer, imp, self.rng.randrange(2**31))
         else:
             self.fleet.signal(victim, int(getattr(signal, fault.signal)))
 
@@ -169,6 +174,8 @@ class Campaign:
             return  # the agent starts a new executor for the next task
         if fault.kind == "partition":
             self.fleet.heal(victim)
+        elif fault.kind in DEGRADE:
+            self.fleet.restore(victim)
         elif fault.signal == "SIGSTOP":
             self.fleet.signal(victim, signal.SIGCONT)
         else:
@@ -189,7 +196,7 @@ class Campaign:
         agent_hit = victim.startswith("agent-")
         # The fault takes a leader out of its election (its session ends): recovered only
         # once another leads. A leader cut from a peer but not from ZooKeeper keeps leading.
-        unseats = fault.target.startswith("leader:") and (
+        unseats = fault.target.startswith("leader:") and fault.kind not in DEGRADE and (
             fault.peer == "zk" if fault.kind == "partition" else
             fault.signal != "SIGSTOP" or fault.duration > self.s.fleet.session_timeout)
         # A killed agent is back once the master shows its new incarnation (a new endpoint)
@@ -209,7 +216,8 @@ class Campaign:
                 seen = self._detected(fault, victim, before, start)
                 if seen is not None:
                     out.detected_s = round(seen - start, 3)
-            waits_repair = agent_hit or (fault.kind == "partition" and fault.peer != "zk")
+            waits_repair = agent_hit or (fault.kind in ("partition", *DEGRADE)
+                                         and fault.peer != "zk")
             since = repaired if waits_repair and repaired is not None else start
             missing = self._missing(start, since, victim if agent_hit else None) \
                 if (repaired is not None or not waits_repair) else "the fault still holds"

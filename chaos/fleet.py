@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos import netns
+from chaos.proxy import Degradation, Impairment
 from infra.zookeeper.server import ZooKeeperServer
 
 ROLES = ("master", "allocator", "broker")
@@ -136,6 +137,7 @@ class Fleet:
         self.procs: dict[str, Proc] = {}
         self.url = ""
         self.cluster_id = ""
+        self.degraded: dict[str, Degradation] = {}  # process name -> its proxy, while on
 
     # -- bring-up -------------------------------------------------------------------------------
     def __enter__(self) -> Fleet:
@@ -150,7 +152,9 @@ class Fleet:
             "fleet_id": self.fleet_id, "cluster_id": self.cluster_id, "url": self.url,
             "subnet": str(self.net.subnet) if self.net else "",
             "spec": asdict(self.spec),
-            "pids": {n: p.pid for n, p in self.procs.items() if p.pid},
+            "pids": {**{n: p.pid for n, p in self.procs.items() if p.pid},
+                     **{f"proxy:{n}": d.popen.pid for n, d in self.degraded.items()
+                        if d.popen is not None}},
             "zookeepers": [str(z.root) for z in self.zookeepers]}, indent=1))
 
     def start(self, timeout: float = 90.0, progress: Any = None) -> None:
@@ -381,9 +385,39 @@ class Fleet:
         assert self.net is not None
         self.net.heal(name)
 
+    def degrade(self, name: str, role: str, imp: Impairment, seed: int) -> None:
+        """Latency / stalls / resets on every TCP connection process `name` opens to a
+        process of `role` (chaos/proxy.py in its namespace), until `restore(name)`."""
+        assert self.net is not None
+        proc = self.procs[name]
+        if proc.host is None:
+            raise FleetError(f"{name} shares the root namespace: start the fleet with "
+                             f"central_namespaces to degrade its links")
+        self.restore(name)
+        logs = self.run_dir / "logs"
+        with open(logs / f"proxy-{name}.log", "ab") as log:
+            deg = Degradation(self.net.namespaces[proc.host], proc.address,
+                              self.addresses(role), imp, seed, log)
+            self.degraded[name] = deg
+            try:
+                deg.start()
+            except BaseException:
+                del self.degraded[name]
+                raise
+        self._record()
+
+    def restore(self, name: str) -> None:
+        deg = self.degraded.pop(name, None)
+        if deg is not None:
+            deg.stop()
+            self._record()
+
     # -- tear-down ------------------------------------------------------------------------------
     def stop(self) -> None:
         """Everything this fleet made: processes, executors, containers, ZooKeeper, network."""
+        for name in list(self.degraded):
+            with contextlib.suppress(Exception):
+                self.restore(name)
         for proc in self.procs.values():
             if proc.alive():
                 with contextlib.suppress(ProcessLookupError):

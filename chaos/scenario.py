@@ -14,7 +14,8 @@ from typing import Any
 
 from chaos.fleet import FleetSpec
 
-KINDS = ("signal", "partition")
+KINDS = ("signal", "partition", "latency", "loss")
+DEGRADE = ("latency", "loss")  # through chaos/proxy.py
 PEERS = ("master", "allocator", "broker", "agent", "zk")
 SIGNALS = ("SIGKILL", "SIGTERM", "SIGSTOP")
 TARGETS = ("leader:master", "standby:master", "leader:allocator", "standby:allocator",
@@ -27,12 +28,17 @@ class ScenarioError(ValueError):
 
 @dataclass(frozen=True)
 class Fault:
-    kind: str = "signal"  # signal | partition
+    kind: str = "signal"  # signal | partition | latency | loss
     target: str = "leader:master"  # see TARGETS; "agent" / "zk" pick one at random
     signal: str = "SIGKILL"  # signal faults
     duration: float = 1.0  # down (KILL/TERM) or stopped (STOP) or cut (partition), seconds
     peer: str = "master"  # partition: the role the agent is cut from
     one_way: bool = False  # partition: drop only what the agent sends
+    delay_ms: float = 0.0  # latency/loss: every chunk, each way, delayed by this
+    jitter_ms: float = 0.0  # ... +- up to this (uniform)
+    stall_p: float = 0.0  # loss: per chunk, the probability of a stall of stall_ms
+    stall_ms: float = 500.0
+    reset_p: float = 0.0  # loss: per chunk, the probability the connection is reset
 
     def label(self) -> str:
         """The fault type a summary groups by."""
@@ -40,6 +46,11 @@ class Fault:
             way = " one-way" if self.one_way else ""
             who = "agent" if self.target.startswith("agent") else self.target
             return f"partition {who}|{self.peer}{way}"
+        if self.kind in DEGRADE:
+            who = "agent" if self.target.startswith("agent") else self.target
+            what = f"{self.delay_ms:g}ms" if self.kind == "latency" else \
+                f"stall {self.stall_p:g} reset {self.reset_p:g}"
+            return f"{self.kind} {who}|{self.peer} {what}"
         return f"{self.signal} {self.target}"
 
     def check(self) -> Fault:
@@ -54,9 +65,19 @@ class Fault:
                                 f"agent-N or zk-N")
         if self.target == "executor" and (self.kind, self.signal) != ("signal", "SIGKILL"):
             raise ScenarioError("an executor fault is a SIGKILL (its tasks end, told)")
-        if self.kind == "partition" and self.target.startswith("zk"):
-            raise ScenarioError("a partition cuts an agent or a central service (with "
-                                "[fleet] central_namespaces) from a peer role")
+        if self.kind == "latency" and not 0 < self.delay_ms <= 10000:
+            raise ScenarioError(f"latency delay_ms {self.delay_ms}: 0 < delay_ms <= 10000")
+        if self.kind == "loss" and not (self.stall_p or self.reset_p):
+            raise ScenarioError("a loss fault needs stall_p or reset_p above 0")
+        if not (0 <= self.stall_p <= 1 and 0 <= self.reset_p <= 1
+                and self.stall_p + self.reset_p <= 1):
+            raise ScenarioError("stall_p, reset_p: probabilities adding up to at most 1")
+        if not (0 <= self.jitter_ms <= self.delay_ms or self.jitter_ms == 0) \
+                or not 0 <= self.stall_ms <= 60000:
+            raise ScenarioError("jitter_ms: 0..delay_ms; stall_ms: 0..60000")
+        if self.kind != "signal" and self.target.startswith("zk"):
+            raise ScenarioError("a partition, latency or loss hits an agent or a central "
+                                "service (with [fleet] central_namespaces) and a peer role")
         if self.peer not in PEERS:
             raise ScenarioError(f"peer {self.peer!r}: one of {', '.join(PEERS)}")
         if not 0 <= self.duration <= 600:

@@ -36,10 +36,22 @@ def test_a_report_replays_its_scenario() -> None:
     assert sum(1 for x in labels if "zk" in x) >= 3
 
 
+def test_the_degraded_scenario_parses_into_latency_and_loss_faults() -> None:
+    scen = sc.load(Path(__file__).resolve().parents[2] / "chaos" / "scenarios" / "degraded.toml")
+    labels = [f.label() for f in scen.faults]
+    assert labels == ["latency agent|master 200ms", "loss agent|master stall 0.2 reset 0",
+                      "latency leader:allocator|master 300ms"]
+    assert scen.faults[0].jitter_ms == 50 and scen.faults[1].stall_ms == 400
+
+
 @pytest.mark.parametrize("doc, words", [
     ({"fault": [{"target": "leader:nobody"}]}, "target"),
     ({"fault": [{"signal": "SIGHUP"}]}, "signal"),
     ({"fault": [{"kind": "partition", "target": "zk"}]}, "partition"),
+    ({"fault": [{"kind": "latency", "target": "agent"}]}, "delay_ms"),
+    ({"fault": [{"kind": "loss", "target": "agent"}]}, "stall_p or reset_p"),
+    ({"fault": [{"kind": "loss", "target": "agent", "reset_p": 1.5}]}, "probabilities"),
+    ({"fault": [{"kind": "latency", "target": "zk", "delay_ms": 9}]}, "latency"),
     ({"fleet": {"agentz": 3}}, "agentz"),
     ({"campaign": {"setle": 1}}, "setle"),
     ({"faults": []}, "faults"),

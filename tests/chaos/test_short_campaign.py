@@ -63,10 +63,16 @@ def test_clean_removes_a_crashed_fleets_leftovers_and_nothing_else(tmp_path: Pat
     other.start()
     try:
         crashed.start()
+        from chaos.proxy import Impairment
+
+        crashed.degrade("agent-1", "master", Impairment(delay_ms=10), seed=1)  # a proxy too
+        proxy = crashed.degraded["agent-1"].popen
+        assert proxy is not None and proxy.poll() is None
         pids = [p.pid for p in crashed.procs.values()] + [z.pid for z in crashed.zookeepers]
         # The run "crashes": nothing of it is stopped; `offerbus chaos clean` is all that runs.
         clean(tmp_path / "crashed", quiet=True)
         assert _leftovers(crashed.fleet_id) == []
+        assert proxy.wait(timeout=10) is not None  # the proxy ended with its fleet
         for proc in crashed.procs.values():
             assert proc.popen is not None and proc.popen.wait(timeout=10) is not None
         for zk in crashed.zookeepers:
