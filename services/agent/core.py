@@ -151,6 +151,15 @@ class AgentCore(ContainerHousekeeping):
         self._register_backoff.reset()
         return self._register(now)
 
+    def master_link_reset(self, now: float) -> list[Command]:
+        """The connection to the master broke and came back before either side's heartbeats
+        noticed: what either side sent meanwhile may be lost (a launch, a kill, an
+        acknowledgement). Register again: the master reconciles every task it has here (a
+        launch we never saw is answered TASK_DROPPED) and resends what it holds for us."""
+        if self.registration is not Registration.REGISTERED:
+            return []  # a registration is under way (retried on its timer), or no master
+        return self.master_detected(now)
+
     def master_lost(self, now: float) -> list[Command]:
         self.registration = Registration.DISCONNECTED
         self._register_at = None

@@ -46,9 +46,10 @@ from services.agent.launcher import ExecutorLauncher
 from services.bus import codec
 from services.bus.election import LeaderChanged, detector_from_url
 from services.bus.epoch import EpochFence
+from services.bus.link import LinkDealer
 from services.bus.log import get_logger
 from services.bus.mailbox import Mailbox
-from services.bus.peer import DealerClient, HeartbeatConfig, RouterServer
+from services.bus.peer import HeartbeatConfig, RouterServer
 from services.bus.reactor import Reactor
 from services.executor.runtime import LABEL_EXECUTOR, Logs, Stream, make_runtime, tail_file
 from services.procs import pid_alive
@@ -159,10 +160,11 @@ class AgentShell(ServiceKit):
         self._tracer = trace.get_tracer("offerbus.agent")
         self._run_spans: dict[str, Span] = {}  # executor id -> its `run` span, until forked
         self.fence = EpochFence(frozenset({MASTER}))
-        self.master = DealerClient(
+        self._master_link_lost = False
+        self.master = LinkDealer(
             self.reactor, self.ctx, self.sender, self._on_master,
             on_connected=self._master_connected, on_gone=self._master_gone, heartbeat=self.beat,
-            stats=self.stats, fence=self.fence, name="master")
+            stats=self.stats, fence=self.fence, name="master", on_link=self._master_link)
         self.detector = detector_from_url(config.cluster_url, "master")
         self.reactor.add_reader(self.detector, self._on_leader)
         self._pending: list[su.Checkpoint] = []
@@ -201,6 +203,16 @@ class AgentShell(ServiceKit):
 
     def _master_connected(self) -> None:
         self._run(self.core.master_detected(self.driver.now()))
+
+    def _master_link(self, up: bool) -> None:
+        """The TCP link under the master connection went down or came back (bus/link.py)."""
+        if not up:
+            self._master_link_lost = True
+            return
+        if self._master_link_lost and self.master.connected:
+            log.info("master link came back: registering again")
+            self._run(self.core.master_link_reset(self.driver.now()))
+        self._master_link_lost = False
 
     def _master_gone(self) -> None:
         self._run(self.core.master_lost(self.driver.now()))

@@ -16,20 +16,19 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
 import zmq
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, SpanContext, StatusCode
-from zmq.utils.monitor import recv_monitor_message
 
 from schemas import common_pb2, executor_pb2
 from services import tasks, telemetry
 from services.bus import codec
+from services.bus.link import LinkDealer
 from services.bus.log import KV, get_logger
 from services.bus.mailbox import Mailbox
-from services.bus.peer import DealerClient, HeartbeatConfig, Sender
+from services.bus.peer import HeartbeatConfig, Sender
 from services.bus.reactor import Reactor, Timer
 from services.executor import core as ec
 from services.executor.checks import run_check
@@ -55,42 +54,6 @@ KILL_ATTEMPTS = 5  # after SIGTERM: exit by grace + this even without an ack
 EXIT_CODE = "offerbus.exit_code"  # span attribute: the task's exit code (status spans)
 
 Event = Callable[[float], list[ec.Command]]  # a core call, made in the reactor thread
-
-
-class _LinkDealer(DealerClient):
-    """A DealerClient that also reports the transport going down and coming back (a ZeroMQ
-    socket monitor): an agent restarted on the same endpoint is reconnected by ZeroMQ within
-    ~100 ms, long before heartbeats would notice, and must be sent Subscribe again."""
-
-    def __init__(self, *args: Any, on_link: Callable[[bool], None], **kwargs: Any) -> None:
-        self._on_link = on_link
-        self._monitor: zmq.Socket[bytes] | None = None
-        super().__init__(*args, **kwargs)
-
-    def _open(self) -> None:
-        super()._open()
-        assert self.sock is not None
-        self._monitor = self.sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
-        self.reactor.add_reader(self._monitor, self._on_monitor)
-
-    def _close_socket(self) -> None:
-        if self._monitor is not None:
-            self.reactor.remove_reader(self._monitor)
-            if self.sock is not None:
-                with contextlib.suppress(zmq.ZMQError):
-                    self.sock.disable_monitor()
-            self._monitor.close(linger=0)
-            self._monitor = None
-        super()._close_socket()
-
-    def _on_monitor(self) -> None:
-        monitor = self._monitor
-        while monitor is not None and monitor is self._monitor:
-            try:
-                event = recv_monitor_message(monitor, flags=zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            self._on_link(event["event"] == zmq.EVENT_CONNECTED)
 
 
 class ExecutorShell:
@@ -130,7 +93,7 @@ class ExecutorShell:
         self._link_lost = False
         self._finishing = False
         self._sig_r = self._sig_w = -1
-        self.dealer = _LinkDealer(
+        self.dealer = LinkDealer(
             self.reactor, ctx, Sender(args.executor_id, ROLE_EXECUTOR), self._on_message,
             on_connected=self._on_connected, on_gone=self._on_gone, on_link=self._on_link,
             heartbeat=HeartbeatConfig(args.heartbeat), name="agent")

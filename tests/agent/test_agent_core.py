@@ -458,3 +458,16 @@ def test_an_update_queued_before_the_executor_resubscribes_does_not_lose_an_earl
                 forwarded += [u.status.state for u in cmd.call.status_updates.updates]
         ack_all(again, now)
     assert forwarded == [S.TASK_RUNNING, S.TASK_FINISHED]
+
+
+def test_a_reset_master_link_registers_again_only_when_registered() -> None:
+    """The link under the master connection broke and came back (bus/link.py): a launch, a
+    kill or an ack may have been lost, so a registered agent re-registers (the master then
+    reconciles its tasks); one not registered yet leaves it to its registration."""
+    core = AgentCore(info(), now=0.0)
+    assert core.master_link_reset(0.5) == []  # no master yet
+    registered(core)
+    [again] = core.master_link_reset(1.0)
+    assert isinstance(again, ToMaster) and again.call.WhichOneof("call") == "reregister"
+    assert core.registration is Registration.REGISTERING
+    assert core.master_link_reset(1.1) == []  # that registration is under way
