@@ -119,14 +119,14 @@ def test_a_reset_probability_of_one_resets_the_connection(
 def test_a_campaign_with_degraded_links_recovers_and_leaves_no_proxy(
         tmp_path: Path, busybox_image: str) -> None:
     """chaos/scenarios/degraded.toml: latency on an agent's and the leading allocator's
-    connections to the masters, stalls on an agent's. Every fault recovers with no running
-    task lost, no duplicate launch and no violation, the proxies carried the traffic, and
-    nothing of them is left. (Status updates are not asserted here: moving connections onto
-    the proxy resets them, and a launch in flight on a reset connection is lost for good
-    today; chaos/README.md, "Found".)"""
+    connections to the masters, stalls on an agent's. Every fault recovers with nothing lost
+    (no running task, no status update: moving connections onto the proxy resets them, and a
+    launch in flight on a reset connection was lost for good until the agent re-registered
+    after a reset; chaos/README.md, "Found"), no duplicate launch and no violation; the
+    proxies carried the traffic, and nothing of them is left."""
     from chaos import scenario as sc
     from chaos.campaign import Campaign
-    from chaos.report import summary
+    from chaos.report import failures, summary
 
     scen = sc.load(Path(__file__).resolve().parents[2] / "chaos" / "scenarios" / "degraded.toml")
     campaign = Campaign(scen, tmp_path)
@@ -137,6 +137,7 @@ def test_a_campaign_with_degraded_links_recovers_and_leaves_no_proxy(
     for o in report["outcomes"]:
         assert (o["tasks_lost"], o["duplicates"], o["violations"]) == ([], [], []), o
     assert report["violations"] == []
+    assert failures(report) == []  # status updates too
     logs = tmp_path / "fleet" / "logs"
     carried = [line for p in logs.glob("proxy-*.log") for line in p.read_text().splitlines()
                if line.startswith("stopped ")]
