@@ -77,8 +77,12 @@ def test_a_launch_sent_while_the_agent_link_was_reset_is_answered(cluster: Clust
         wait_for(staging, 10, message="the master never launched t-1")
         os.kill(agent_pid, signal.SIGCONT)  # well inside both heartbeat timeouts
         stopped = False
-        wait_for(lambda: (st := rec.state_of("t-1")) is not None
-                 and tasks.is_terminal(S.ValueType(st)) or st == S.TASK_RUNNING, 20,
+        def answered() -> bool:
+            st = rec.state_of("t-1")
+            return st is not None and (tasks.is_terminal(S.ValueType(st))
+                                       or st == S.TASK_RUNNING)
+
+        wait_for(answered, 20,
                  message=lambda: f"t-1 is still {rec.updates.get('t-1')} for its framework")
         last = rec.last("t-1")
         assert last is not None
