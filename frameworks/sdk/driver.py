@@ -19,7 +19,7 @@ from frameworks.sdk.core import Callback, Note, Output, SchedulerCore, Send, Sta
 from frameworks.sdk.scheduler import Scheduler
 from schemas import common_pb2, envelope_pb2, scheduler_pb2
 from services.bus import codec
-from services.bus.curve import CurveClient
+from services.bus.curve import CurveClient, client_from_env
 from services.bus.election import Detector, detector_from_url, parse_url
 from services.bus.epoch import EpochFence
 from services.bus.liveness import Backoff
@@ -71,7 +71,9 @@ class SchedulerDriver:
             framework_info, implicit_acknowledgements=implicit_acknowledgements, force=force,
             subscribe_backoff=subscribe_backoff)
         self._context = context
-        self._curve = curve
+        # Without one given: the keys OFFERBUS_CURVE_SECRET_KEY_FILE and
+        # OFFERBUS_CURVE_SERVER_KEY_FILE name (none: no CURVE); a bad file fails here.
+        self._curve = curve if curve is not None else client_from_env()
         self._mailbox: Mailbox[Request | _Stop] = Mailbox()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()

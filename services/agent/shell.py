@@ -164,7 +164,8 @@ class AgentShell(ServiceKit):
         self.master = LinkDealer(
             self.reactor, self.ctx, self.sender, self._on_master,
             on_connected=self._master_connected, on_gone=self._master_gone, heartbeat=self.beat,
-            stats=self.stats, fence=self.fence, name="master", on_link=self._master_link)
+            stats=self.stats, fence=self.fence, curve=self.curve.client, name="master",
+            on_link=self._master_link)
         self.detector = detector_from_url(config.cluster_url, "master")
         self.reactor.add_reader(self.detector, self._on_leader)
         self._pending: list[su.Checkpoint] = []

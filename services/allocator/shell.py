@@ -110,11 +110,11 @@ class AllocatorShell(ServiceKit):
         self.subscriber = StateSubscriber(
             self.reactor, self.ctx, self.sender, self._on_state,
             heartbeat_interval=self.config.heartbeat_interval, max_missed=self.config.max_missed,
-            stats=self.stats, fence=self.master_fence)
+            stats=self.stats, fence=self.master_fence, curve=self.curve.client)
         self.dealer = DealerClient(
             self.reactor, self.ctx, self.sender, self._on_broker_message,
             on_connected=self._on_broker_connected, heartbeat=self.beat, stats=self.stats,
-            fence=self.fence, name="broker")
+            fence=self.fence, curve=self.curve.client, name="broker")
         self._sweep = self.reactor.every(self.config.interval, self._allocate)
         self._point_at_master()
         self._point_at_broker()

@@ -68,7 +68,7 @@ class BrokerShell(ServiceKit):
         self.router = RouterServer(
             self.reactor, self.ctx, f"tcp://{config.host}:{config.port or '*'}", self.sender,
             self._on_allocator, heartbeat=self.beat, stats=self.stats,
-            fence=self.allocator_fence, name="allocators")
+            fence=self.allocator_fence, curve=self.curve.server, name="allocators")
         self.endpoints["router"] = self.router.endpoint
         self.start_http()
         self.master: LeaderInfo | None = None
@@ -107,11 +107,11 @@ class BrokerShell(ServiceKit):
         self.to_master = DealerClient(
             self.reactor, self.ctx, self.sender, self._on_master_message,
             on_connected=self._on_master_connected, heartbeat=self.beat, stats=self.stats,
-            fence=self.master_fence, name="master")
+            fence=self.master_fence, curve=self.curve.client, name="master")
         self.subscriber = StateSubscriber(
             self.reactor, self.ctx, self.sender, self._on_state,
             heartbeat_interval=self.config.heartbeat_interval, max_missed=self.config.max_missed,
-            stats=self.stats, fence=self.master_fence)
+            stats=self.stats, fence=self.master_fence, curve=self.curve.client)
         self._step(self.core.master_changed(_epoch(self.master), self.driver.now()))
         self.driver.attach(self.core)
         self._point_at_master()

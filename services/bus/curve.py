@@ -3,13 +3,16 @@ clients whose public key is allowed; a ZAP handler per context counts refusals."
 
 from __future__ import annotations
 
+import os
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils import z85 as zmq_z85
 
 from services.bus.log import get_logger
 
@@ -45,13 +48,36 @@ class KeyPair:
         return cls(public, secret)
 
 
+def load_public_key(path: Path) -> bytes:
+    """The public key of a cert (`NAME.key` or `NAME.key_secret`); ValueError if unreadable."""
+    try:
+        public, _ = zmq.auth.load_certificate(str(path))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: not a readable CURVE cert ({exc})") from None
+    if not public or len(public) != 40:
+        raise ValueError(f"{path}: holds no public key")
+    return public
+
+
 def load_public_keys(directory: Path) -> set[bytes]:
     """Every public key in `directory/*.key` (the allowed clients)."""
-    keys = set()
-    for path in sorted(directory.glob("*.key")):
-        public, _ = zmq.auth.load_certificate(str(path))
-        keys.add(public)
-    return keys
+    return {key for _, key in list_public_keys(directory)}
+
+
+def list_public_keys(directory: Path) -> list[tuple[str, bytes]]:
+    """(name, public key) of every `directory/NAME.key`, by name; ValueError on a bad cert
+    or a directory that is not there."""
+    if not directory.is_dir():
+        raise ValueError(f"{directory}: no such directory")
+    return [(path.stem, load_public_key(path)) for path in sorted(directory.glob("*.key"))]
+
+
+def load_secret(path: Path) -> KeyPair:
+    """`KeyPair.load` with a clear ValueError (unreadable, not a cert, no secret)."""
+    try:
+        return KeyPair.load(path)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: not a readable CURVE secret cert ({exc})") from None
 
 
 class _AllowList:
@@ -72,11 +98,20 @@ class _AllowList:
 class CurveAuthority:
     """The ZAP handler of one zmq Context (one per process): which client keys may connect."""
 
-    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], allowed: set[bytes]) -> None:
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], allowed: set[bytes],
+                 names: Mapping[bytes, str] | None = None) -> None:
+        """`names`: the principal of each allowed key (the ZAP User-Id its connections'
+        messages carry, zmq property "User-Id"); a key without one: its Z85 text."""
         self._allow = _AllowList(allowed)
+        self._names = dict(names or {})
         self._auth = ThreadAuthenticator(ctx)
+        self._auth.curve_user_id = self._user_id  # type: ignore[method-assign]
         self._auth.start()
         self._auth.configure_curve_callback("*", credentials_provider=self._allow)
+
+    def _user_id(self, client_public_key: bytes) -> str:
+        z85 = zmq_z85.encode(client_public_key)
+        return self._names.get(z85) or z85.decode("ascii")
 
     @property
     def refused(self) -> int:
@@ -108,3 +143,21 @@ class CurveClient:
         sock.curve_secretkey = self.keys.secret
         sock.curve_publickey = self.keys.public
         sock.curve_serverkey = self.server_public
+
+
+# The environment variables a client process (the CLI, a framework) takes its keys from;
+# the same names as the services' options (services/shell/config.py).
+SECRET_ENV = "OFFERBUS_CURVE_SECRET_KEY_FILE"
+SERVER_ENV = "OFFERBUS_CURVE_SERVER_KEY_FILE"
+
+
+def client_from_env(environ: Mapping[str, str] | None = None) -> CurveClient | None:
+    """A CurveClient from OFFERBUS_CURVE_SECRET_KEY_FILE and OFFERBUS_CURVE_SERVER_KEY_FILE,
+    or None when neither is set; ValueError when only one is, or a file is bad."""
+    env = os.environ if environ is None else environ
+    secret, server = env.get(SECRET_ENV, ""), env.get(SERVER_ENV, "")
+    if not secret and not server:
+        return None
+    if not secret or not server:
+        raise ValueError(f"CURVE needs both {SECRET_ENV} and {SERVER_ENV} (one is unset)")
+    return CurveClient(load_secret(Path(secret)), load_public_key(Path(server)))

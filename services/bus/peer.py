@@ -250,6 +250,9 @@ class RouterServer(_Endpoint):
         self.on_peer_gone = on_peer_gone
         self.peers = PeerTable(self.heartbeat.interval, self.heartbeat.max_missed)
         self.channels = ChannelTable(max_channels)
+        # With CURVE: each connection's ZAP User-Id (its key's principal), by routing id;
+        # forgotten when the connection is gone.
+        self._user_ids: dict[bytes, str] | None = {} if curve is not None else None
         self.sock = ctx.socket(zmq.ROUTER)
         self._configure(self.sock)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # unknown peer raises, is not dropped
@@ -275,6 +278,13 @@ class RouterServer(_Endpoint):
         live = self.peers.peers.get(self.channels.routing_id(peer))
         return None if live is None else live.last_heard
 
+    def principal(self, peer: bytes) -> str | None:
+        """The ZAP User-Id of `peer`'s connection (a composite peer's too): the principal
+        its CURVE key was admitted as; None without CURVE or for a peer not heard."""
+        if self._user_ids is None:
+            return None
+        return self._user_ids.get(self.channels.routing_id(peer))
+
     def _send_raw(self, peer: bytes, env: codec.Envelope) -> bool:
         self.sender.stamp(env)
         frame = self._encode(env)
@@ -297,7 +307,7 @@ class RouterServer(_Endpoint):
     def _on_readable(self) -> None:
         for _ in range(DRAIN_BATCH):
             try:
-                msg = self.sock.recv_multipart(flags=zmq.NOBLOCK)
+                msg = self._recv()
             except zmq.Again:
                 return
             peer, frames = msg[0], msg[1:]
@@ -305,6 +315,17 @@ class RouterServer(_Endpoint):
             if env is None:
                 continue  # refused (or held) frames prove nothing about a peer's liveness
             self._deliver(peer, env)
+
+    def _recv(self) -> list[bytes]:
+        if self._user_ids is None:
+            return self.sock.recv_multipart(flags=zmq.NOBLOCK)
+        parts = self.sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+        peer = parts[0].bytes
+        if len(parts) > 1:
+            user = parts[-1].get("User-Id")
+            if user and self._user_ids.get(peer) != user:
+                self._user_ids[peer] = str(user)
+        return [p.bytes for p in parts]
 
     def _deliver(self, peer: bytes, env: codec.Envelope) -> None:
         new = self.peers.heard(peer, self.reactor.now())
@@ -348,6 +369,8 @@ class RouterServer(_Endpoint):
         for peer in gone:
             self.stats.inc("peers_lost")
             channels = self.channels.drop(peer)
+            if self._user_ids is not None:
+                self._user_ids.pop(peer, None)
             log.info("peer gone", socket=self.name, peer=peer.decode(errors="replace"),
                      channels=len(channels))
             if self.on_peer_gone is not None:

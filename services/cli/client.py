@@ -16,6 +16,7 @@ import zmq
 
 from schemas import operator_pb2
 from services.bus import codec
+from services.bus.curve import client_from_env
 from services.bus.election import LeaderInfo, detector_from_url, parse_url
 from services.bus.election.zookeeper import election_path, member_epoch, sorted_members
 from services.bus.peer import Sender
@@ -178,10 +179,17 @@ def master_state(url: str, timeout: float = 5.0,
 
 def operator_call(leader: LeaderInfo, call: operator_pb2.OperatorCall,
                   timeout: float = 10.0) -> operator_pb2.OperatorEvent:
-    """One request and its answer on the master's front ROUTER."""
+    """One request and its answer on the master's front ROUTER, with this operator's CURVE
+    key when OFFERBUS_CURVE_SECRET_KEY_FILE and OFFERBUS_CURVE_SERVER_KEY_FILE are set."""
+    try:
+        curve = client_from_env()
+    except ValueError as exc:
+        raise CliError(str(exc)) from exc
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
+    if curve is not None:
+        curve.apply(sock)
     try:
         sock.connect(leader.endpoints["front"])
         env = codec.Envelope()
@@ -198,8 +206,12 @@ def operator_call(leader: LeaderInfo, call: operator_pb2.OperatorCall,
                 return reply.operator_event
             if kind == "error":
                 raise CliError(f"the master refused: {reply.error.message}")
+        hint = ("; is this key (OFFERBUS_CURVE_SECRET_KEY_FILE) among the master's allowed "
+                "ones, and the server key right?" if curve is not None else
+                "; if the cluster runs with CURVE, set OFFERBUS_CURVE_SECRET_KEY_FILE and "
+                "OFFERBUS_CURVE_SERVER_KEY_FILE")
         raise CliError(f"no answer from the master at {leader.endpoints['front']} "
-                       f"within {timeout:g}s")
+                       f"within {timeout:g}s{hint}")
     finally:
         sock.close()
         ctx.term()

@@ -49,11 +49,35 @@ class UpOptions:
     # named "<role>", "<role>-2", ... with ids "<role>-1", "<role>-2", ... Masters are
     # max(masters, standbys + 1).
     standbys: int = 0
+    curve: bool = False  # CURVE on the bus: keys in <run-dir>/keys (curve_env)
 
     def instances(self) -> dict[str, int]:
         """How many processes of each central role `up` starts."""
         return {"master": max(self.masters, self.standbys + 1),
                 "allocator": self.standbys + 1, "broker": self.standbys + 1}
+
+
+KEYED = {"master": "server", "broker": "server", "allocator": "allocator", "agent": "agent"}
+CLIENT_KEYS = ("operator",)  # the CLI's (and frameworks') key in a keyed local cluster
+
+
+def curve_env(run_dir: Path) -> dict[str, str]:
+    """The OFFERBUS_<SERVICE>_CURVE_* variables of a keyed local cluster: key pairs (made
+    once, kept for the next `up`) in <run-dir>/keys, their public certs in
+    <run-dir>/keys/allowed (what the master and the offer-broker admit)."""
+    from services.cli.keys import generate
+
+    keys, allowed = run_dir / "keys", run_dir / "keys" / "allowed"
+    allowed.mkdir(parents=True, exist_ok=True)
+    for name in {*KEYED.values(), *CLIENT_KEYS}:
+        if not (keys / f"{name}.key_secret").exists():
+            generate(keys, name)
+        shutil.copy(keys / f"{name}.key", allowed / f"{name}.key")
+    env = {"OFFERBUS_CURVE_SERVER_KEY_FILE": str(keys / "server.key")}
+    for service, name in KEYED.items():
+        env[f"OFFERBUS_{service.upper()}_CURVE_SECRET_KEY_FILE"] = str(keys / f"{name}.key_secret")
+        env[f"OFFERBUS_{service.upper()}_CURVE_ALLOWED_DIR"] = str(allowed)
+    return env
 
 
 def central_name(role: str, index: int) -> tuple[str, str]:
@@ -210,7 +234,8 @@ def up(opts: UpOptions) -> str:
         (run_dir / "cluster.url").write_text(url + "\n")
         status.update("starting master, allocator, offer-broker")
         common = ["--cluster", url]
-        traces = {"OFFERBUS_TRACES_DIR": str(traces_dir(run_dir))}
+        traces = {"OFFERBUS_TRACES_DIR": str(traces_dir(run_dir)),
+                  **(curve_env(run_dir) if opts.curve else {})}
         beat = ["--heartbeat", str(opts.heartbeat)]
         for name, argv in central_argv(opts, url):
             spawn(run_dir, name, argv, env=traces)
@@ -227,6 +252,11 @@ def up(opts: UpOptions) -> str:
     console.print(f"[green]cluster up[/] in {run_dir}: {central_summary(state)} and "
                   f"{opts.agents} agents; election and registry at {url}")
     console.print(f"  logs: {run_dir / 'logs'}/   state: `offerbus status`, `offerbus agents`")
+    if opts.curve:
+        keys = run_dir / "keys"
+        console.print(f"  CURVE on; operator calls and frameworks need: export "
+                      f"OFFERBUS_CURVE_SECRET_KEY_FILE={keys / 'operator.key_secret'} "
+                      f"OFFERBUS_CURVE_SERVER_KEY_FILE={keys / 'server.key'}", soft_wrap=True)
     return url
 
 

@@ -45,7 +45,8 @@ def _counts(counts: Counter[str]) -> str:
 def cmd_up(args: argparse.Namespace) -> int:
     cluster.up(cluster.UpOptions(run_dir=args.run_dir, agents=args.agents, masters=args.masters,
                                  standbys=args.standbys, agent_resources=args.agent_resources,
-                                 standalone=args.standalone, runtime=args.runtime))
+                                 standalone=args.standalone, runtime=args.runtime,
+                                 curve=args.curve))
     return 0
 
 
@@ -302,6 +303,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--agent-resources", default="cpus:4;mem:4096;disk:10240;ports:[31000-31999]")
     p.add_argument("--standalone", action="store_true", help="no ZooKeeper: file election")
     p.add_argument("--runtime", choices=["docker", "process"], default="docker")
+    p.add_argument("--curve", action="store_true", help="CURVE on the bus, keys in "
+                   "<run-dir>/keys (the CLI then needs the OFFERBUS_CURVE_* it prints)")
     p.set_defaults(fn=cmd_up)
     sub.add_parser("down", help="stop the local cluster and remove its containers"
                    ).set_defaults(fn=cmd_down)
@@ -340,6 +343,8 @@ def parser() -> argparse.ArgumentParser:
     config_cmd.register(sub)
     from services.cli import job as job_cmd  # `offerbus job run|plan|stop`
     job_cmd.register(sub)
+    from services.cli import keys as keys_cmd  # `offerbus keys generate|list`
+    keys_cmd.register(sub)
     lifecycle.add_parsers(sub)
     for name, fn in (("run", cmd_run), ("scale", cmd_scale), ("stop", cmd_stop)):
         sub.choices[name].set_defaults(fn=fn)

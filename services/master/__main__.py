@@ -30,6 +30,10 @@ OPTIONS = (
     Option("max_gone_agents", int, MAX_GONE_AGENTS,
            "gone agents remembered in the registry (the oldest are forgotten first)",
            minimum=0, maximum=1_000_000),
+    Option("acl_file", default="",
+           help="a TOML file mapping principals (the names of the CURVE keys in "
+                "curve_allowed_dir) to the roles and operator actions they may use "
+                "(services/master/acl.py); needs CURVE (\"\": no ACL)"),
 )
 
 
@@ -44,6 +48,7 @@ def build(v: dict[str, Any]) -> MasterShell:
         pub_port=v["pub_port"], snapshot_port=v["snapshot_port"],
         agent_reregister_window_s=v["reregister_window"], agent_timeout_s=v["agent_timeout"],
         agent_gone_timeout_s=v["agent_gone_timeout"], max_gone_agents=v["max_gone_agents"],
+        acl_file=v["acl_file"],
         **common_fields(v)))
 
 

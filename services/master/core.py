@@ -27,6 +27,7 @@ from schemas import (
 )
 from services import tasks
 from services.bus.codec import DEFAULT_FRAME_LIMIT
+from services.master.acl import Acl
 from services.master.agents import AgentHandlers
 from services.master.commands import Command, Reject, ToAgent, ToFramework, ToOperator
 from services.master.frameworks import Event, FrameworkHandlers
@@ -83,11 +84,13 @@ class MasterCore(AgentHandlers, FrameworkHandlers, RevocationHandlers):
                  agent_gone_timeout_s: float = AGENT_GONE_TIMEOUT_S,
                  max_gone_agents: int = MAX_GONE_AGENTS,
                  stall_threshold_s: float | None = None,
+                 acl: Acl | None = None,
                  now: float | None = None) -> None:
         """`cluster_id`: a fresh id, used when the registry has none (a new cluster); the
         registry's is kept otherwise. `id_prefix`: unique to this leadership (see state.py).
         Agent liveness (`agent_timeout_s`, `agent_gone_timeout_s`, `max_gone_agents`,
-        `stall_threshold_s`): see liveness.py."""
+        `stall_threshold_s`): see liveness.py. `acl`: who may use which roles and operator
+        actions (acl.py), checked for calls whose principal the shell knows (CURVE)."""
         super().__init__(master_id, epoch, agent_reregister_window_s=agent_reregister_window_s,
                          heartbeat_interval_ms=heartbeat_interval_ms,
                          max_completed_tasks=max_completed_tasks,
@@ -96,6 +99,7 @@ class MasterCore(AgentHandlers, FrameworkHandlers, RevocationHandlers):
                          agent_gone_timeout_s=agent_gone_timeout_s,
                          max_gone_agents=max_gone_agents, stall_threshold_s=stall_threshold_s)
         self._offer_prefix: str | None = None
+        self.acl = acl
         self.revocations = Revocations()  # revocation.py
         kept = str((recovered_registry or {}).get("cluster_id") or "")
         if kept:
@@ -145,9 +149,15 @@ class MasterCore(AgentHandlers, FrameworkHandlers, RevocationHandlers):
         return self._end(self._agent_call(peer, call, message_id))
 
     def scheduler_call(self, peer: bytes, call: scheduler_pb2.SchedulerCall, message_id: str,
-                       now: float, traceparent: str = "") -> list[Command]:
+                       now: float, traceparent: str = "", principal: str | None = None,
+                       ) -> list[Command]:
+        """`principal`: who the caller's CURVE key was admitted as (None: not known)."""
         self._begin(now)
-        return self._end(self._scheduler_call(peer, call, message_id, traceparent))
+        self._principal = principal
+        try:
+            return self._end(self._scheduler_call(peer, call, message_id, traceparent))
+        finally:
+            self._principal = None
 
     def broker_connected(self, peer: bytes, offer_prefix: str | None = None,
                          now: float | None = None) -> list[Command]:
@@ -200,8 +210,15 @@ class MasterCore(AgentHandlers, FrameworkHandlers, RevocationHandlers):
         return self._end(out)
 
     def operator_call(self, peer: bytes, call: operator_pb2.OperatorCall, message_id: str,
-                      now: float) -> list[Command]:
+                      now: float, principal: str | None = None) -> list[Command]:
         self._begin(now)
+        kind = call.WhichOneof("call")
+        if self.acl is not None and principal is not None and kind is not None \
+                and not self.acl.may(principal, kind):
+            why = (f"principal {principal!r} may not {kind}: the master's ACL does not give "
+                   "it that operator action")
+            self._notice("acl_refused", why, principal=principal, action=kind)
+            return self._end([Reject(peer, bus_pb2.UNAUTHORIZED, why, message_id)])
         return self._end(self._operator_call(peer, call, message_id))
 
     def agents_heard(self, heard: Mapping[bytes, float], now: float, complete: bool = True,

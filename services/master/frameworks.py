@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from schemas import agent_pb2, bus_pb2, common_pb2, internal_pb2, scheduler_pb2
 from services import tasks
+from services.master.acl import Acl
 from services.master.commands import Command, Reject, ToAgent, ToFramework
 from services.master.records import (
     GONE,
@@ -28,6 +29,9 @@ Event = scheduler_pb2.SchedulerEvent
 
 
 class FrameworkHandlers(MasterState):
+    acl: Acl | None = None  # who may use which role (acl.py); None: no check
+    _principal: str | None = None  # the current call's CURVE principal, when known
+
     def _scheduler_call(self, peer: bytes, call: Call, message_id: str, traceparent: str,
                         ) -> list[Command]:
         kind = call.WhichOneof("call")
@@ -87,6 +91,20 @@ class FrameworkHandlers(MasterState):
                 reason=common_pb2.RejectReason.REJECT_REASON_OFFER_UNKNOWN, message=why)))]
 
     # -- subscription ------------------------------------------------------------------
+    def _acl_refusal(self, info: common_pb2.FrameworkInfo) -> str | None:
+        """Why the ACL refuses this subscription by the current caller, or None: a
+        framework's principal is its key's, and its role one the ACL gives that principal
+        (so no framework takes over another's id or uses another's role)."""
+        who = self._principal
+        if self.acl is None or who is None:
+            return None
+        if info.principal != who:
+            return (f"this connection's key is principal {who!r}; it may not subscribe as "
+                    f"principal {info.principal!r}")
+        if not self.acl.may_use_role(who, info.role):
+            return f"principal {who!r} may not use role {info.role!r} (the master's ACL)"
+        return None
+
     def _subscribe(self, peer: bytes, call: Call, message_id: str) -> list[Command]:
         """New framework, or a re-subscription (scheduler failover, or after a master
         failover). Refusals are SchedulerEvent.Error: fatal for that subscription."""
@@ -111,6 +129,11 @@ class FrameworkHandlers(MasterState):
         if "/" in fid:
             return refuse(f"framework id {fid!r} may not contain '/'")
         info.role = info.role or UNRESERVED
+        why = self._acl_refusal(info)
+        if why is not None:
+            self._notice("acl_refused", why, principal=self._principal or "",
+                         action="subscribe", role=info.role)
+            return refuse(why)
         out: list[Command] = []
         fw = self.frameworks.get(fid) if fid else None
         if fw is None and fid in self.removed_frameworks:

@@ -24,6 +24,7 @@ from services.bus.peer import RouterServer
 from services.bus.reactor import Reactor
 from services.bus.statestream import StatePublisher
 from services.master import dashboard
+from services.master.acl import Acl
 from services.master.commands import (
     PersistRegistry,
     Publish,
@@ -79,24 +80,30 @@ class MasterConfig(ServiceConfig):
     agent_timeout_s: float = AGENT_TIMEOUT_S
     agent_gone_timeout_s: float = AGENT_GONE_TIMEOUT_S
     max_gone_agents: int = MAX_GONE_AGENTS
+    acl_file: str = ""  # principals -> roles and operator actions (acl.py); needs CURVE
 
 
 class MasterShell(ServiceKit):
     def __init__(self, config: MasterConfig, reactor: Reactor | None = None) -> None:
         super().__init__("master", config.master_id, Role.Value("ROLE_MASTER"), config, reactor)
         self.config = config
+        self.acl = Acl.load(config.acl_file) if config.acl_file else None
+        if self.acl is not None and not self.curve.on:
+            raise ValueError("acl_file needs CURVE (curve_secret_key_file, curve_allowed_dir): "
+                             "principals are the names of the keys the master admits")
         tcp = f"tcp://{config.host}"
         self.front = RouterServer(
             self.reactor, self.ctx, f"{tcp}:{config.front_port or '*'}", self.sender,
             self._on_front, on_peer_gone=self._on_peer_gone, heartbeat=self.beat,
-            stats=self.stats, name="front")
+            stats=self.stats, curve=self.curve.server, name="front")
         # The internal port acts only on the elected broker and allocator, at their epochs,
         # as this master's own detectors of those roles know them (services/bus/epoch.py).
         self.internal_fence = EpochFence(INTERNAL_ROLES)
         self.internal = RouterServer(
             self.reactor, self.ctx, f"{tcp}:{config.internal_port or '*'}", self.sender,
             self._on_internal, on_peer_gone=self._on_peer_gone, heartbeat=self.beat,
-            stats=self.stats, fence=self.internal_fence, name="internal")
+            stats=self.stats, fence=self.internal_fence, curve=self.curve.server,
+            name="internal")
         # Who leads the allocator's and the broker's roles, shown in /state ("leaders").
         self._service_leaders: dict[str, dict[str, Any] | None] = {
             name: None for name in INTERNAL_ROLE_NAMES.values()}
@@ -108,7 +115,8 @@ class MasterShell(ServiceKit):
         self.publisher = StatePublisher(
             self.reactor, self.ctx, self.sender, pub_bind=f"{tcp}:{config.pub_port or '*'}",
             snapshot_bind=f"{tcp}:{config.snapshot_port or '*'}", epoch=0,
-            heartbeat_interval=config.heartbeat_interval, stats=self.stats)
+            heartbeat_interval=config.heartbeat_interval, stats=self.stats,
+            curve=self.curve.server)
         self.publisher.deactivate()
         self.endpoints.update({
             "front": self.front.endpoint, "internal": self.internal.endpoint,
@@ -166,7 +174,8 @@ class MasterShell(ServiceKit):
             id_prefix=f"{uuid.uuid4().hex[:8]}-{epoch}",
             agent_timeout_s=self.config.agent_timeout_s,
             agent_gone_timeout_s=self.config.agent_gone_timeout_s,
-            max_gone_agents=self.config.max_gone_agents, now=self.driver.now())
+            max_gone_agents=self.config.max_gone_agents, acl=self.acl,
+            now=self.driver.now())
         entries = self.core.snapshot_entries()
         self.publisher.restart(epoch, entries)
         self.view.lead(entries, epoch=epoch, paused=False, cluster_id=self.core.cluster_id,
@@ -253,10 +262,12 @@ class MasterShell(ServiceKit):
             self.driver.step(lambda now: core.agent_call(peer, env.agent_call, now), tp)
         elif kind == "scheduler_call":
             self.driver.step(lambda now: core.scheduler_call(
-                peer, env.scheduler_call, env.message_id, now), tp)
+                peer, env.scheduler_call, env.message_id, now,
+                principal=self.front.principal(peer)), tp)
         else:
             self.driver.step(lambda now: core.operator_call(
-                peer, env.operator_call, env.message_id, now), tp)
+                peer, env.operator_call, env.message_id, now,
+                principal=self.front.principal(peer)), tp)
 
     def _on_internal(self, peer: bytes, env: codec.Envelope) -> None:
         if env.sender_role not in INTERNAL_ROLES or codec.payload_kind(env) != "internal":

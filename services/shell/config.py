@@ -219,6 +219,17 @@ COMMON: tuple[Option, ...] = (
                 "or http_token_file to a flag, which other users can see"),
     Option("http_token_file", default="",
            help="a file holding the HTTP token (wins over http_token)"),
+    Option("curve_secret_key_file", default="",
+           help="this service's CURVE cert (NAME.key_secret from `offerbus keys generate`): "
+                "with it every bus socket is encrypted and authenticated (\"\": off, the "
+                "local dev cluster's default)"),
+    Option("curve_allowed_dir", default="",
+           help="with CURVE, a directory of the public certs (*.key) of the peers allowed to "
+                "connect to this service; every other key is refused and counted (required "
+                "by the services that accept connections: master, offer-broker)"),
+    Option("curve_server_key_file", default="",
+           help="with CURVE, the public cert of the central services this one connects to "
+                "(master, offer-broker: they share one server key pair)"),
     Option("heartbeat", float, 1.0, "seconds between heartbeats", minimum=0.01, maximum=60),
     Option("max_missed", int, 5, "heartbeats missed before a peer is gone", minimum=1,
            maximum=1000),
@@ -326,4 +337,7 @@ def common_fields(values: dict[str, Any]) -> dict[str, Any]:
         else values.get("http_token") or ""
     return {"host": listen, "advertise_host": advertise, "http_port": values["http_port"],
             "http_token": token, "heartbeat_interval": values["heartbeat"],
+            "curve_secret_key_file": values.get("curve_secret_key_file") or "",
+            "curve_allowed_dir": values.get("curve_allowed_dir") or "",
+            "curve_server_key_file": values.get("curve_server_key_file") or "",
             "max_missed": values["max_missed"]}

@@ -8,10 +8,19 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import zmq
 
+from services.bus.curve import (
+    CurveAuthority,
+    CurveClient,
+    CurveServer,
+    list_public_keys,
+    load_public_key,
+    load_secret,
+)
 from services.bus.log import get_logger
 from services.bus.peer import HeartbeatConfig, Sender
 from services.bus.reactor import Reactor
@@ -33,6 +42,63 @@ class ServiceConfig:
     http_token: str = ""  # a bearer token every HTTP path but /health wants ("": none)
     heartbeat_interval: float = 1.0
     max_missed: int = 5
+    curve_secret_key_file: str = ""  # this service's CURVE cert; "" = no CURVE (dev cluster)
+    curve_allowed_dir: str = ""  # public certs of the peers allowed to connect (servers)
+    curve_server_key_file: str = ""  # public cert of the central services it connects to
+
+
+class Curve:
+    """A process's CURVE setup from its ServiceConfig: the ZAP handler of its context (the
+    allowed client keys; refusals counted) and what its server and client sockets apply.
+    Off (both None) without `curve_secret_key_file`. ValueError on a bad file or directory,
+    and when a role asks for a side it was not given the file of."""
+
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], config: ServiceConfig) -> None:
+        self.on = bool(config.curve_secret_key_file)
+        self.authority: CurveAuthority | None = None
+        self._server: CurveServer | None = None
+        self._client: CurveClient | None = None
+        if not self.on:
+            if config.curve_allowed_dir or config.curve_server_key_file:
+                raise ValueError("curve_allowed_dir and curve_server_key_file need "
+                                 "curve_secret_key_file (this service's own key)")
+            return
+        keys = load_secret(Path(config.curve_secret_key_file))
+        if config.curve_allowed_dir:
+            allowed_dir = Path(config.curve_allowed_dir)
+            if not allowed_dir.is_dir():
+                raise ValueError(f"curve_allowed_dir {allowed_dir}: no such directory")
+            named = list_public_keys(allowed_dir)  # NAME.key: the principal NAME
+            self.authority = CurveAuthority(ctx, {key for _, key in named},
+                                            {key: name for name, key in named})
+            self._server = CurveServer(keys)
+        if config.curve_server_key_file:
+            self._client = CurveClient(keys,
+                                       load_public_key(Path(config.curve_server_key_file)))
+
+    @property
+    def server(self) -> CurveServer | None:
+        """What a bound socket applies (None: CURVE off)."""
+        if self.on and self._server is None:
+            raise ValueError("this service accepts connections: with curve_secret_key_file "
+                             "it needs curve_allowed_dir (the peers it admits)")
+        return self._server
+
+    @property
+    def client(self) -> CurveClient | None:
+        """What a connecting socket applies (None: CURVE off)."""
+        if self.on and self._client is None:
+            raise ValueError("this service connects to the central services: with "
+                             "curve_secret_key_file it needs curve_server_key_file")
+        return self._client
+
+    @property
+    def refused(self) -> int:
+        return self.authority.refused if self.authority is not None else 0
+
+    def stop(self) -> None:
+        if self.authority is not None:
+            self.authority.stop()
 
 
 class ServiceKit:
@@ -48,6 +114,15 @@ class ServiceKit:
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self.stats = Stats()
         self.metrics = Metrics(service, self.stats)
+        try:
+            self.curve = Curve(self.ctx, config)
+        except ValueError:
+            self.ctx.destroy(linger=0)
+            raise
+        self.metrics.counter_function(
+            "curve_refused", "Connections refused by CURVE authentication: a client key not "
+            "in curve_allowed_dir (each logged with the key).",
+            lambda: float(self.curve.refused))
         self.driver = CoreDriver(self.reactor, self.metrics, self.log)
         self.metrics.counter_function(
             "handler_errors", "Exceptions raised by this process's handlers and timers (each "
@@ -156,4 +231,5 @@ class ServiceKit:
         if self.http is not None:
             self.http.close()
         self.driver.detach()
+        self.curve.stop()
         self.ctx.destroy(linger=linger_ms)
