@@ -7,9 +7,7 @@ about every task still staging there and the framework hears what became of it."
 from __future__ import annotations
 
 import os
-import re
 import signal
-import subprocess
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -20,7 +18,15 @@ from frameworks.sdk.driver import SchedulerDriver
 from infra.zookeeper import ZooKeeperServer
 from schemas import common_pb2
 from services import tasks
-from tests.e2e import Cluster, Recorder, framework, launch, local_cluster_in, sleep_task
+from tests.e2e import (
+    Cluster,
+    Recorder,
+    framework,
+    launch,
+    local_cluster_in,
+    reset_connections,
+    sleep_task,
+)
 from tests.waiting import wait_for
 
 S = common_pb2.TaskState
@@ -31,19 +37,6 @@ def cluster(zk: ZooKeeperServer, zk_admin: Any, tmp_path: Any, docker_client: An
             busybox_image: str) -> Iterator[Cluster]:
     with local_cluster_in(zk, zk_admin, tmp_path, "agent-link", agents=1) as c:
         yield c
-
-
-def reset_connections(pid: int, port: int) -> int:
-    """Abort every established TCP connection of process `pid` to local `port` (the kernel
-    resets both ends): the link is lost, the processes are not."""
-    out = subprocess.run(["ss", "-tnpH", "state", "established", "dport", "=", f":{port}"],
-                         capture_output=True, text=True, check=True).stdout
-    ports = [m.group(1) for line in out.splitlines() if f"pid={pid}," in line
-             if (m := re.search(r"127\.0\.0\.1:(\d+)\s", line))]
-    for p in ports:
-        subprocess.run(["ss", "-K", "state", "established", "dport", "=", f":{port}",
-                        "sport", "=", f":{p}"], capture_output=True, check=True)
-    return len(ports)
 
 
 def test_a_launch_sent_while_the_agent_link_was_reset_is_answered(cluster: Cluster) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import threading
 import urllib.request
 from collections.abc import Iterator
@@ -24,7 +23,15 @@ from frameworks.sdk.driver import SchedulerDriver
 from infra.zookeeper import ZooKeeperServer
 from schemas import common_pb2
 from services.bus.election import LeaderInfo, detector_from_url
-from tests.e2e import Cluster, Recorder, framework, launch, local_cluster_in, sleep_task
+from tests.e2e import (
+    Cluster,
+    Recorder,
+    framework,
+    launch,
+    local_cluster_in,
+    reset_connections,
+    sleep_task,
+)
 from tests.waiting import wait_for
 
 S = common_pb2.TaskState
@@ -69,19 +76,6 @@ def reconnects(cluster: Cluster, process: str, role: str) -> int:
     """How often the process's election contender has (re)connected to ZooKeeper."""
     text = (cluster.run_dir / "logs" / f"{process}.log").read_text(errors="replace")
     return len(re.findall(rf"zk_state name=zk-contender-{role}-\S+ state=CONNECTED", text))
-
-
-def drop_zookeeper_connections(pid: int, zk_port: int) -> int:
-    """Abort every TCP connection of process `pid` to ZooKeeper (the kernel resets them):
-    a real connection loss, shorter than the session timeout, for that process only."""
-    out = subprocess.run(["ss", "-tnpH", "state", "established", "dport", "=", f":{zk_port}"],
-                         capture_output=True, text=True, check=True).stdout
-    ports = [m.group(1) for line in out.splitlines() if f"pid={pid}," in line
-             if (m := re.search(r"127\.0\.0\.1:(\d+)\s", line))]
-    for port in ports:
-        subprocess.run(["ss", "-K", "state", "established", "dport", "=", f":{zk_port}",
-                        "sport", "=", f":{port}"], capture_output=True, check=True)
-    return len(ports)
 
 
 class OneTask:
@@ -142,7 +136,7 @@ def blip(cluster: Cluster, zk: ZooKeeperServer, processes: tuple[str, ...]) -> N
     before = {p: reconnects(cluster, p, p) for p in processes}
     for p in processes:
         pid = int((cluster.run_dir / "pids" / f"{p}.pid").read_text())
-        assert drop_zookeeper_connections(pid, zk.client_port) >= 1, f"{p}: no connection"
+        assert reset_connections(pid, zk.client_port) >= 1, f"{p}: no connection"
     for p in processes:
         wait_for(lambda p=p: reconnects(cluster, p, p) > before[p], 15,  # type: ignore[misc]
                  message=f"{p}'s contender never reconnected to ZooKeeper")
