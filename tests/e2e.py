@@ -209,3 +209,15 @@ def reset_connections(pid: int, port: int) -> int:
         subprocess.run(["ss", "-K", "state", "established", "dport", "=", f":{port}",
                         "sport", "=", f":{p}"], capture_output=True, check=True)
     return len(ports)
+
+
+def stop_processes(procs: list[subprocess.Popen[bytes]], timeout: float = 20.0) -> None:
+    """SIGTERM every process, then wait for each (SIGKILL after `timeout`)."""
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -21,7 +21,7 @@ import pytest
 from infra import inventory
 from infra.rollout import REPO
 from services.cli.client import http_get
-from tests.e2e import leader_of
+from tests.e2e import leader_of, stop_processes
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -88,14 +88,7 @@ attributes = "rack:r1"
                          *extra], cwd=REPO, stdout=log, stderr=subprocess.STDOUT))
         yield inv, tmp_path
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_processes(procs)
 
 
 def test_rendered_configs_start_a_cluster_on_distinct_addresses(

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from infra import inventory
+from tests.e2e import stop_processes
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.integration,
@@ -83,14 +84,7 @@ def ensemble(tmp_path: Path) -> Iterator[tuple[inventory.Inventory, list[Path]]]
                                               stderr=subprocess.STDOUT))
         yield inv, roots
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_processes(procs)
 
 
 def test_the_rendered_ensemble_elects_a_leader(
