@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,10 +63,12 @@ class FleetZooKeeper(ZooKeeperServer):
     """A ZooKeeper ensemble member listening on its own fleet address."""
 
     def __init__(self, root: Path, address: str, myid: int,
-                 peers: list[tuple[int, str]], tick_ms: int) -> None:
+                 peers: list[tuple[int, str]], tick_ms: int,
+                 namespace: str | None = None) -> None:
         super().__init__(root, ZK_PORTS[0], tick_ms, myid=myid,
                          peers=[(sid, ZK_PORTS[1], ZK_PORTS[2]) for sid, _ in peers])
         self.address = address
+        self.namespace = namespace  # run inside this network namespace (None: the root's)
         self.peer_addresses = dict(peers)
         self.hosts = f"{address}:{ZK_PORTS[0]}"
 
@@ -79,6 +82,11 @@ class FleetZooKeeper(ZooKeeperServer):
                 line = (f"server.{sid}={self.peer_addresses[sid]}:{ZK_PORTS[1]}:{ZK_PORTS[2]}")
             lines.append(line)
         return "\n".join(lines) + "\n"
+
+    def command(self) -> list[str]:
+        argv = super().command()
+        return argv if self.namespace is None else ["ip", "netns", "exec", self.namespace,
+                                                    *argv]
 
     def _ask(self, cmd: str) -> str:
         import socket
@@ -148,14 +156,11 @@ class Fleet:
         self.stop()
 
     def _record(self) -> None:
-        (self.run_dir / "fleet.json").write_text(json.dumps({
-            "fleet_id": self.fleet_id, "cluster_id": self.cluster_id, "url": self.url,
-            "subnet": str(self.net.subnet) if self.net else "",
-            "spec": asdict(self.spec),
-            "pids": {**{n: p.pid for n, p in self.procs.items() if p.pid},
-                     **{f"proxy:{n}": d.popen.pid for n, d in self.degraded.items()
-                        if d.popen is not None}},
-            "zookeepers": [str(z.root) for z in self.zookeepers]}, indent=1))
+        write_record(self.run_dir, self.fleet_id, str(self.net.subnet) if self.net else "",
+                     {**{n: p.pid for n, p in self.procs.items() if p.pid},
+                      **{f"proxy:{n}": d.popen.pid for n, d in self.degraded.items()
+                         if d.popen is not None}},
+                     self.zookeepers, self.cluster_id, self.url, asdict(self.spec))
 
     def start(self, timeout: float = 90.0, progress: Any = None) -> None:
         if os.geteuid() != 0:
@@ -431,6 +436,17 @@ class Fleet:
             with contextlib.suppress(Exception):
                 zk.kill()
         clean(self.run_dir, quiet=True)
+
+
+def write_record(run_dir: Path, fleet_id: str, subnet: str, pids: dict[str, int],
+                 zookeepers: Sequence[ZooKeeperServer], cluster_id: str = "", url: str = "",
+                 spec: dict[str, Any] | None = None) -> None:
+    """`run_dir`/fleet.json: what `clean` (and `offerbus chaos clean`) removes after a
+    crash; also written by tests that build a fleet of their own from netns.Network."""
+    (Path(run_dir) / "fleet.json").write_text(json.dumps({
+        "fleet_id": fleet_id, "cluster_id": cluster_id, "url": url, "subnet": subnet,
+        "spec": spec or {}, "pids": pids, "zookeepers": [str(z.root) for z in zookeepers]},
+        indent=1))
 
 
 def clean(run_dir: Path, quiet: bool = False) -> dict[str, int]:

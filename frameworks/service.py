@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -24,6 +25,7 @@ from frameworks.sdk.scheduler import MasterInfo, Scheduler
 from schemas import common_pb2
 from services import tasks as task_states
 from services.bus import log
+from services.bus.curve import principal_from_env
 from services.resources import Resources
 
 logger = log.get_logger("framework.service")
@@ -520,6 +522,16 @@ def _index_of(name: str, task_id: str) -> tuple[int | None, int]:
     return None, 0
 
 
+def framework_info(spec: ServiceSpec, failover_timeout: float,
+                   environ: Mapping[str, str] | None = None) -> common_pb2.FrameworkInfo:
+    """The service's FrameworkInfo. Its principal is its CURVE key's name when it has one
+    (the master binds each key to that principal and refuses any other), else its name."""
+    return common_pb2.FrameworkInfo(
+        name=spec.name, role=spec.role or "*",
+        principal=principal_from_env(environ) or spec.name,
+        failover_timeout_s=failover_timeout)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Exit 0 on SIGTERM/SIGINT (the tasks keep running: failover), on SIGUSR1 (tear the
     framework down: its tasks are killed), when the spec file is removed, or when the master
@@ -534,8 +546,7 @@ def main(argv: list[str] | None = None) -> int:
     spec.check()
     status_path = args.spec.with_suffix(".status.json")
     scheduler = ServiceScheduler(spec, status_path)
-    info = common_pb2.FrameworkInfo(name=spec.name, role=spec.role or "*", principal=spec.name,
-                                    failover_timeout_s=args.failover_timeout)
+    info = framework_info(spec, args.failover_timeout)
     try:  # an earlier process of this service: fail over to its framework, keep its tasks
         info.framework_id = scheduler.recover(json.loads(status_path.read_text()))
     except FileNotFoundError:

@@ -151,6 +151,15 @@ SECRET_ENV = "OFFERBUS_CURVE_SECRET_KEY_FILE"
 SERVER_ENV = "OFFERBUS_CURVE_SERVER_KEY_FILE"
 
 
+def principal_from_env(environ: Mapping[str, str] | None = None) -> str | None:
+    """The principal a client's key makes it at the master: the key's name (NAME of
+    NAME.key_secret, whose public cert NAME.key is what the servers' curve_allowed_dir
+    holds), or None when the client has no key."""
+    env = os.environ if environ is None else environ
+    secret = env.get(SECRET_ENV, "")
+    return Path(secret).name.removesuffix(".key_secret") if secret else None
+
+
 def client_from_env(environ: Mapping[str, str] | None = None) -> CurveClient | None:
     """A CurveClient from OFFERBUS_CURVE_SECRET_KEY_FILE and OFFERBUS_CURVE_SERVER_KEY_FILE,
     or None when neither is set; ValueError when only one is, or a file is bad."""
