@@ -14,7 +14,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -22,6 +22,10 @@ from typing import Any
 from frameworks.sdk.demand import demand
 from frameworks.sdk.driver import SchedulerDriver
 from frameworks.sdk.scheduler import MasterInfo, Scheduler
+from frameworks.spec import (
+    ServiceSpec,
+    parse_constraint,
+)
 from schemas import common_pb2
 from services import tasks as task_states
 from services.bus import log
@@ -36,87 +40,6 @@ DECLINE_WHEN_IDLE_S = 5.0
 RESTART_BACKOFF_S = 0.5
 RESTART_BACKOFF_MAX_S = 60.0
 RESTART_STABLE_S = 30.0
-
-
-@dataclass
-class ServiceSpec:
-    name: str
-    image: str
-    instances: int
-    cpus: float
-    mem: float
-    command: list[str] = field(default_factory=list)
-    constraints: list[str] = field(default_factory=list)
-    runtime: str = "docker"
-    kill_grace_s: float = 3.0
-    role: str = "*"
-    env: dict[str, str] = field(default_factory=dict)
-    # Container ports, each published on a host port taken from the offer's "ports".
-    ports: list[int] = field(default_factory=list)
-    health_cmd: str = ""   # a shell command run in the task's context: healthy when it exits 0
-    health_http: str = ""  # an HTTP path checked on the first published port
-    health_interval_s: float = 10.0
-    health_failures: int = 3  # consecutive failures before the task is killed (0: never)
-
-    def resources(self) -> Resources:
-        return Resources.of(cpus=self.cpus, mem=self.mem)
-
-    def check(self) -> None:
-        if not self.name or "/" in self.name:
-            raise ValueError(f"bad service name {self.name!r}")
-        if self.instances < 0:
-            raise ValueError(f"instances must be >= 0 (got {self.instances})")
-        for name, value in (("cpus", self.cpus), ("mem", self.mem)):
-            if not value > 0:
-                raise ValueError(f"{name} must be > 0 (got {value:g})")
-        for c in self.constraints:
-            parse_constraint(c)
-        if any(not 0 < p < 65536 for p in self.ports) or len(set(self.ports)) != len(self.ports):
-            raise ValueError(f"bad ports {self.ports}: each 1-65535, each once")
-        if any(not k or "=" in k for k in self.env):
-            raise ValueError(f"bad environment variable names {sorted(self.env)}")
-        if self.health_cmd and self.health_http:
-            raise ValueError("one health check: --health-cmd or --health-http, not both")
-        if self.health_http and not self.ports:
-            raise ValueError("--health-http checks the first published port: give --port")
-        if self.health_interval_s <= 0 or self.health_failures < 0:
-            raise ValueError("health interval must be > 0 and failures >= 0")
-
-
-def parse_constraint(text: str) -> tuple[str, str]:
-    name, sep, value = text.partition(":")
-    if not sep or not name or not value:
-        raise ValueError(f"bad constraint {text!r}: use hostname:unique or ATTRIBUTE:VALUE")
-    return name, value
-
-
-def spec_path(run_dir: Path, name: str) -> Path:
-    return run_dir / "frameworks" / f"{name}.json"
-
-
-def write_spec(run_dir: Path, spec: ServiceSpec) -> Path:
-    spec.check()
-    path = spec_path(run_dir, spec.name)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(asdict(spec), indent=2))
-    os.replace(tmp, path)
-    return path
-
-
-def read_spec(run_dir: Path, name: str) -> ServiceSpec:
-    path = spec_path(run_dir, name)
-    if not path.exists():
-        raise ValueError(f"no service {name!r} ({path} not found)")
-    return ServiceSpec(**json.loads(path.read_text()))
-
-
-def instance_states(state: dict[str, Any], name: str) -> Counter[str]:
-    """Task states of a service's instances, from the master's /state."""
-    ids = {f["framework_info"].get("framework_id") for f in state.get("frameworks", [])
-           if f["framework_info"].get("name") == name}
-    return Counter(t.get("status", {}).get("state", "").removeprefix("TASK_")
-                   for t in state.get("tasks", []) if t.get("framework_id") in ids)
 
 
 # -- planning (pure) ----------------------------------------------------------------------

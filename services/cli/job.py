@@ -37,7 +37,7 @@ def _bad(path: str, exc: Exception) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from frameworks import service
+    from frameworks import spec as specs
 
     try:
         job = load(args.file)
@@ -46,11 +46,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     spec = job.spec
     args.name = spec.name
     run_dir = args.run_dir.resolve()
-    if not service.spec_path(run_dir, spec.name).exists():
+    if not specs.spec_path(run_dir, spec.name).exists():
         return lifecycle.start_service(args, console, spec)
     # This run dir has a service of that name: an update (of its instances only).
     try:
-        current = service.read_spec(run_dir, spec.name)
+        current = specs.read_spec(run_dir, spec.name)
     except (ValueError, TypeError) as exc:
         raise CliError(str(exc)) from exc
     differ = jobfile.changed(current, spec)
@@ -65,7 +65,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if current.instances == spec.instances:
         console.print(f"{spec.name}: unchanged ({spec.instances} instances)")
     else:
-        service.write_spec(run_dir, spec)
+        specs.write_spec(run_dir, spec)
         console.print(f"{spec.name}: {current.instances} -> {spec.instances} instances")
     if args.no_wait:
         return 0

@@ -257,13 +257,13 @@ def start_service(args: argparse.Namespace, console: Console, spec: Any) -> int:
     """Start the service framework of `spec` (a frameworks.service.ServiceSpec), as
     `offerbus run` does (and `offerbus job run`): refused when its name is in use, resumed
     when this run dir's process of it is gone; then waits (unless --no-wait)."""
-    from frameworks import service
+    from frameworks import spec as specs
 
     run_dir = args.run_dir.resolve()
     url = cluster_url(args.cluster, args.run_dir)
     _, state = master_state(url, args.timeout)
     proc_name = f"framework-{args.name}"
-    exists = service.spec_path(run_dir, args.name).exists()
+    exists = specs.spec_path(run_dir, args.name).exists()
     alive = proc_name in cluster.running(run_dir)
     used = name_in_use(args.name, state, exists, alive)
     if used:
@@ -275,7 +275,7 @@ def start_service(args: argparse.Namespace, console: Console, spec: Any) -> int:
     if resume:
         console.print(resume, highlight=False)
     try:
-        spec_path = service.write_spec(run_dir, spec)
+        spec_path = specs.write_spec(run_dir, spec)
     except ValueError as exc:
         raise CliError(str(exc)) from exc
     pid = cluster.spawn(run_dir, proc_name, [
@@ -316,12 +316,12 @@ def wait_running(args: argparse.Namespace, console: Console, url: str, want: int
 
 
 def cmd_scale(args: argparse.Namespace, console: Console) -> int:
-    from frameworks import service
+    from frameworks import spec as specs
 
     try:
-        spec = service.read_spec(args.run_dir.resolve(), args.name)
+        spec = specs.read_spec(args.run_dir.resolve(), args.name)
         spec.instances = args.instances
-        service.write_spec(args.run_dir.resolve(), spec)
+        specs.write_spec(args.run_dir.resolve(), spec)
     except ValueError as exc:
         raise CliError(str(exc)) from exc
     console.print(f"{args.name}: scaling to {args.instances} instances")
@@ -386,14 +386,14 @@ def wait_until(check: Callable[[], str | None], timeout: float, shown: Reporter)
 
 
 def cmd_stop(args: argparse.Namespace, console: Console) -> int:
-    from frameworks import service
+    from frameworks import spec as specs
 
     run_dir = args.run_dir.resolve()
     name = args.name
     url = cluster_url(args.cluster, args.run_dir)
     _, state = master_state(url, args.timeout)
     fids = set(frameworks_named(state, name))
-    spec = service.spec_path(run_dir, name)
+    spec = specs.spec_path(run_dir, name)
     proc = f"framework-{name}"
     pid = cluster.running(run_dir).get(proc)
     if not fids and not spec.exists() and pid is None:

@@ -12,6 +12,7 @@ import pytest
 from rich.console import Console
 
 from frameworks import service
+from frameworks import spec as specs
 from services.cli import lifecycle
 from services.cli import main as cli_main
 
@@ -62,7 +63,7 @@ def test_run_refuses_a_name_registered_with_the_master(cli: Any) -> None:
 
 def test_run_refuses_a_name_of_this_run_dir(cli: Any, tmp_path: Path,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    service.write_spec(tmp_path, service.ServiceSpec("web", "img", 1, 0.1, 32))
+    specs.write_spec(tmp_path, service.ServiceSpec("web", "img", 1, 0.1, 32))
     monkeypatch.setattr(lifecycle.cluster, "running", lambda run_dir: {"framework-web": 7})
     code, out = cli(state(), *RUN_WEB)
     assert code == 2 and "service named 'web' exists in this run dir" in out
@@ -72,7 +73,7 @@ def test_run_refuses_a_name_of_this_run_dir(cli: Any, tmp_path: Path,
 def test_run_resumes_this_run_dirs_service_whose_process_is_gone(cli: Any,
                                                                  tmp_path: Path) -> None:
     """After a machine restart: the spec and status file stay, the process is gone."""
-    service.write_spec(tmp_path, service.ServiceSpec("web", "img", 1, 0.1, 32))
+    specs.write_spec(tmp_path, service.ServiceSpec("web", "img", 1, 0.1, 32))
     code, out = cli(state({"fw-1": "web"}), *RUN_WEB)
     assert code == 0 and "resuming service web" in out and "fw-1 fails over" in out
     assert len(cli.spawned) == 1
@@ -84,7 +85,7 @@ def test_run_with_a_free_name_starts_one_framework_with_its_spec(cli: Any,
                   "blue", "--env", "A=1", "--env", "B=x=y", "--port", "80", "--health-http",
                   "/ok", "--health-failures", "5", "--no-wait", "--", "sleep", "60")
     assert code == 0 and len(cli.spawned) == 1
-    spec = service.read_spec(tmp_path, "web")
+    spec = specs.read_spec(tmp_path, "web")
     assert (spec.role, spec.env, spec.ports) == ("blue", {"A": "1", "B": "x=y"}, [80])
     assert (spec.health_http, spec.health_failures, spec.command) == ("/ok", 5, ["sleep", "60"])
 

@@ -12,6 +12,7 @@ import pytest
 from google.protobuf.json_format import MessageToDict
 
 from frameworks import service
+from frameworks import spec as specs
 from schemas import common_pb2, internal_pb2, state_pb2
 from services.allocator.core import AllocatorCore, Cycle
 from services.cli import main as cli_main
@@ -120,7 +121,7 @@ def _pending_status(tmp_path: Path) -> dict[str, dict[str, Any]]:
     placed = service.plan(spec, {}, [offer])
     declines, reason = placed.declines, placed.why
     assert declines == ["o-2"] and reason == NO_FIT
-    path = service.spec_path(tmp_path, "big").with_suffix(".status.json")
+    path = specs.spec_path(tmp_path, "big").with_suffix(".status.json")
     path.parent.mkdir(parents=True)
     scheduler = service.ServiceScheduler(spec, path)
     scheduler.pending_reason = reason
