@@ -1,7 +1,10 @@
 """Who may do what (issue 11): the ACL file mapping principals (the names of the CURVE keys
 the master admits: `NAME.key` in its `curve_allowed_dir`) to the roles they may register
-frameworks with and the operator actions they may take. Pure: parsed once, asked by the
-master core (frameworks.py at subscribe, core.py for operator calls).
+frameworks with and the operator actions they may take, and (optionally) which principals
+may act as agents. Pure: parsed once, asked by the master core (frameworks.py at subscribe,
+core.py for operator calls, agents.py for agent calls).
+
+    agents = ["agent"]           # optional; without it every admitted key may be an agent
 
     [principals.analytics]
     roles = ["eng"]              # eng and its sub-roles (eng/batch, ...)
@@ -10,7 +13,8 @@ master core (frameworks.py at subscribe, core.py for operator calls).
     operator = ["kill_task", "get_logs", "mark_agent_gone", "set_weight", "set_quota",
                 "teardown_framework"]
 
-A principal not in the file may use no role and take no action."""
+A principal not in the file may use no role and take no action. Whatever the file says, an
+agent id is bound to the principal that registered it (agents.py)."""
 
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ MAX_PRINCIPALS = 100_000
 class Acl:
     roles: Mapping[str, frozenset[str]] = field(default_factory=dict)
     actions: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    agents: frozenset[str] | None = None  # who may act as an agent; None: any admitted key
 
     def may_use_role(self, principal: str, role: str) -> bool:
         """`role` is one the principal was given, or a sub-role of one."""
@@ -40,13 +45,18 @@ class Acl:
     def may(self, principal: str, action: str) -> bool:
         return action in self.actions.get(principal, frozenset())
 
+    def may_act_as_agent(self, principal: str) -> bool:
+        return self.agents is None or principal in self.agents
+
     @classmethod
     def parse(cls, doc: Mapping[str, object], where: str = "acl") -> Acl:
         """ValueError naming the bad entry."""
-        unknown = sorted(set(doc) - {"principals"})
+        unknown = sorted(set(doc) - {"principals", "agents"})
         if unknown:
             raise ValueError(f"{where}: unknown key(s) {', '.join(unknown)}; expected "
-                             "[principals.NAME] tables")
+                             "[principals.NAME] tables and an agents list")
+        agents = frozenset(_strings(doc["agents"], f"{where}: agents")) \
+            if "agents" in doc else None
         principals = doc.get("principals", {})
         if not isinstance(principals, Mapping) or len(principals) > MAX_PRINCIPALS:
             raise ValueError(f"{where}: principals must be a table of at most "
@@ -73,7 +83,7 @@ class Acl:
                                  f"{', '.join(sorted(ACTIONS))}")
             roles[str(name)] = frozenset(given_roles)
             actions[str(name)] = frozenset(given_actions)
-        return cls(roles, actions)
+        return cls(roles, actions, agents)
 
     @classmethod
     def load(cls, path: str) -> Acl:

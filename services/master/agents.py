@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from schemas import agent_pb2, bus_pb2, common_pb2, operator_pb2, scheduler_pb2
 from services import tasks
+from services.master.acl import Acl
 from services.master.commands import Command, Reject, ToAgent, ToFramework, ToOperator
 from services.master.liveness import AgentLiveness
 from services.master.records import (
@@ -42,9 +43,17 @@ class _Plan:
 
 
 class AgentHandlers(AgentLiveness):
+    _principal: str | None = None  # the current call's CURVE principal, when known
+    acl: Acl | None = None  # who may act as an agent (acl.py); None: no check
+
     def _agent_call(self, peer: bytes, call: agent_pb2.AgentCall, message_id: str,
                     ) -> list[Command]:
         kind = call.WhichOneof("call")
+        refused = self._impostor(peer, call.register.agent_info.agent_id if kind == "register"
+                                 else call.reregister.agent_info.agent_id
+                                 if kind == "reregister" else call.agent_id, message_id)
+        if refused:
+            return refused
         if kind == "register":
             return self._admit(peer, call.register.agent_info, (), (), message_id, rereg=False)
         if kind == "reregister":
@@ -84,6 +93,32 @@ class AgentHandlers(AgentLiveness):
         if kind == "logs_reply":
             return self._logs_reply(agent, call.logs_reply)
         return [Reject(peer, bus_pb2.UNEXPECTED, f"unexpected agent call {kind}", message_id)]
+
+    def _impostor(self, peer: bytes, aid: str, message_id: str) -> list[Command]:
+        """The refusal of a call for agent `aid` from a principal the ACL does not let act
+        as an agent, or other than the one `aid` is bound to (the key that registered it;
+        a gone agent's id binds no more); [] when neither (and always when no principal is
+        known: CURVE off)."""
+        who = self._principal
+        if who is None:
+            return []
+        if self.acl is not None and not self.acl.may_act_as_agent(who):
+            why = f"principal {who!r} may not act as an agent (the master's ACL: agents)"
+            self._notice("acl_refused", why, principal=who, agent_id=aid)
+            return [Reject(peer, bus_pb2.UNAUTHORIZED, why, message_id)]
+        if not aid:
+            return []
+        agent = self.agents.get(aid)
+        if agent is not None and agent.status == GONE:
+            return []  # nothing of it to take: a registration gets a new id
+        owner = agent.principal if agent is not None else \
+            str((self.recovering.get(aid) or {}).get("principal", ""))
+        if not owner or owner == who:
+            return []
+        why = (f"agent {aid!r} belongs to principal {owner!r}; this connection's key is "
+               f"principal {who!r}")
+        self._notice("acl_refused", why, principal=who, agent_id=aid)
+        return [Reject(peer, bus_pb2.UNAUTHORIZED, why, message_id)]
 
     # -- admission ---------------------------------------------------------------------
     def _admit(self, peer: bytes, info: common_pb2.AgentInfo, reported: Sequence[Reported],
@@ -151,6 +186,11 @@ class AgentHandlers(AgentLiveness):
             known.info, known.total, known.status = info, total, REGISTERED
             known.unreachable_since = 0.0
         if was is not None and was.get("status") != "registered":
+            self._registry_changed(aid)
+        owner = self._principal if self._principal is not None else \
+            known.principal or str((was or {}).get("principal", ""))
+        if owner != known.principal:  # bound to the key that registered it (CURVE)
+            known.principal = owner
             self._registry_changed(aid)
         self._bind_agent(known, peer)
         self._agent_back(known, peer)

@@ -123,7 +123,8 @@ class MasterCore(AgentHandlers, FrameworkHandlers, RevocationHandlers):
                     aid, common_pb2.AgentInfo(agent_id=aid,
                                               hostname=str(entry.get("hostname", ""))),
                     status, Resources(), status_since=since,
-                    unreachable_since=since if status == UNREACHABLE else 0.0)
+                    unreachable_since=since if status == UNREACHABLE else 0.0,
+                    principal=str(entry.get("principal", "")))
                 if status == UNREACHABLE:
                     self._lower_checks(gone=since + self.agent_gone_timeout_s)
         self._prune_gone()  # a registry written under a larger bound
@@ -144,9 +145,14 @@ class MasterCore(AgentHandlers, FrameworkHandlers, RevocationHandlers):
 
     # -- public API --------------------------------------------------------------------
     def agent_call(self, peer: bytes, call: agent_pb2.AgentCall, now: float,
-                   message_id: str = "") -> list[Command]:
+                   message_id: str = "", principal: str | None = None) -> list[Command]:
+        """`principal`: who the agent's CURVE key was admitted as (None: not known)."""
         self._begin(now)
-        return self._end(self._agent_call(peer, call, message_id))
+        self._principal = principal
+        try:
+            return self._end(self._agent_call(peer, call, message_id))
+        finally:
+            self._principal = None
 
     def scheduler_call(self, peer: bytes, call: scheduler_pb2.SchedulerCall, message_id: str,
                        now: float, traceparent: str = "", principal: str | None = None,

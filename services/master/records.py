@@ -108,6 +108,9 @@ class Agent:
     last_seen: float = 0.0
     unreachable_since: float = 0.0
     tasks: set[TaskKey] = field(default_factory=set)  # its non-terminal tasks
+    # The CURVE principal that registered it ("" without CURVE): only that principal may
+    # act as this agent (agents.py); kept in its registry entry across master failovers.
+    principal: str = ""
 
     @property
     def reachable(self) -> bool:

@@ -259,7 +259,8 @@ class MasterShell(ServiceKit):
             return
         tp = env.traceparent  # the handlers read it as driver.context, for this step only
         if kind == "agent_call":
-            self.driver.step(lambda now: core.agent_call(peer, env.agent_call, now), tp)
+            self.driver.step(lambda now: core.agent_call(
+                peer, env.agent_call, now, principal=self.front.principal(peer)), tp)
         elif kind == "scheduler_call":
             self.driver.step(lambda now: core.scheduler_call(
                 peer, env.scheduler_call, env.message_id, now,

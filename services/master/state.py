@@ -180,10 +180,14 @@ class MasterState:
     def _registry_entry(self, agent_id: str) -> dict[str, object] | None:
         a = self.agents.get(agent_id)
         if a is not None:
-            return {"status": STATUS_NAMES.get(a.status, "registered"),
-                    "hostname": a.info.hostname, "since_us": us(a.status_since)}
-        entry = self.recovering.get(agent_id)
-        return dict(entry) if entry is not None else None
+            entry: dict[str, object] = {"status": STATUS_NAMES.get(a.status, "registered"),
+                                        "hostname": a.info.hostname,
+                                        "since_us": us(a.status_since)}
+            if a.principal:  # the agent id's owner (CURVE): kept across failovers
+                entry["principal"] = a.principal
+            return entry
+        kept = self.recovering.get(agent_id)
+        return dict(kept) if kept is not None else None
 
     def _registry_sections_doc(self) -> dict[str, object]:
         frameworks: dict[str, object] = {

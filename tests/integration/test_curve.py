@@ -27,9 +27,11 @@ from services.cli.keys import generate
 from tests.e2e import Cluster, Recorder, framework, local_cluster_in, sleep_task
 from tests.waiting import wait_for
 
-KNOWN = ("server", "allocator", "agent", "framework", "operator", "viewer")  # allowed
+# allowed; agent-2 is an agent's key that never registered an agent
+KNOWN = ("server", "allocator", "agent", "agent-2", "framework", "operator", "viewer")
 # The master's ACL (services/master/acl.py): principals are the allowed keys' names.
 ACL = """
+agents = ["agent", "agent-2"]
 [principals.framework]
 roles = ["*", "web"]
 [principals.operator]
@@ -62,6 +64,14 @@ def refused(cluster: Cluster, role: str = "master") -> float:
             if line.startswith(f"offerbus_{role}_curve_refused_total"):
                 return float(line.split()[-1])
     raise AssertionError("no curve_refused counter in /metrics")
+
+
+def notices(cluster: Cluster, kind: str) -> float:
+    url = cluster.leader().endpoints["http"] + "/metrics"
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        return sum(float(line.split()[-1]) for line in resp.read().decode().splitlines()
+                   if line.startswith("offerbus_master_notices_total")
+                   and f'kind="{kind}"' in line)
 
 
 def cli(keyed: Keyed, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -177,13 +187,9 @@ def test_a_framework_with_an_unknown_key_gets_nothing_and_the_cluster_goes_on(
 def test_the_acl_refuses_a_role_and_an_operator_action_not_given_and_counts_them(
         keyed: Keyed) -> None:
     c = keyed.cluster
-    notices = "offerbus_master_notices_total"
 
     def acl_refused() -> float:
-        url = c.leader().endpoints["http"] + "/metrics"
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            return sum(float(line.split()[-1]) for line in resp.read().decode().splitlines()
-                       if line.startswith(notices) and 'kind="acl_refused"' in line)
+        return notices(c, "acl_refused")
 
     before = acl_refused()
     rec = Recorder()
@@ -206,6 +212,36 @@ def test_the_acl_refuses_a_role_and_an_operator_action_not_given_and_counts_them
     assert acl_refused() >= before + 2
     [agent] = c.state()["agents"]  # the cluster goes on
     assert agent["status"] == "AGENT_STATUS_REGISTERED"
+
+
+def test_an_agent_with_another_allowed_key_cannot_take_over_an_agent_id(keyed: Keyed) -> None:
+    """agent-2's key is allowed, but agent-1's id was registered by the `agent` key: an
+    agent started with agent-2's key and agent-1's id (its work dir's agent_id) is refused,
+    counted, and agent-1 stays as it was."""
+    c = keyed.cluster
+    [agent] = c.state()["agents"]
+    aid = agent["agent_info"]["agent_id"]
+    work_dir = c.run_dir / "agents" / "agent-impostor"
+    work_dir.mkdir(parents=True)
+    for name in ("agent_id", "cluster_id"):  # what agent-1's work dir says it is
+        if (c.run_dir / "agents" / "agent-1" / name).exists():
+            shutil.copy(c.run_dir / "agents" / "agent-1" / name, work_dir)
+    assert (work_dir / "agent_id").read_text().strip() == aid
+    before = notices(c, "acl_refused")
+    local_cluster.spawn(c.run_dir, "agent-impostor", [
+        "-m", "services.agent", "--cluster", c.url, "--work-dir", str(work_dir),
+        "--hostname", "agent-impostor", "--resources", "cpus:1;mem:512;disk:512",
+        "--runtime", "process"],
+        env={"OFFERBUS_AGENT_CURVE_SECRET_KEY_FILE": str(keyed.keys / "agent-2.key_secret")})
+    try:
+        wait_for(lambda: notices(c, "acl_refused") >= before + 1, 60,
+                 message="the impostor's registration with agent-1's id was not refused")
+        [after] = c.state()["agents"]
+        assert after["agent_info"]["agent_id"] == aid
+        assert after["agent_info"]["hostname"] == "agent-1"
+        assert after["status"] == "AGENT_STATUS_REGISTERED"
+    finally:
+        local_cluster.stop_process(c.run_dir, "agent-impostor")
 
 
 def test_offerbus_up_with_curve_runs_a_keyed_cluster(
