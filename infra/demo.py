@@ -63,7 +63,10 @@ def main(argv: Sequence[str] | None = None) -> int:
    {venv} stop demo                  remove the service and its containers
    {venv} roles                      fair shares per role (any listing takes --json)
    {venv} agents / frameworks        the fleet and who uses it
-   master /state and /metrics:       see `{venv} status` for the master's address
+   {venv} job plan frameworks/jobs/web.toml   where a job file's instances would go
+   {venv} roles quota demo --limit cpus:0.3   cap a role (then `{venv} why demo`)
+   {venv} chaos run chaos/scenarios/short.toml   a short fault campaign on its own fleet
+   dashboard, /state and /metrics:   the master's address in `{venv} status`
    logs of every service:            {args.run_dir}/logs/
    stop everything:                  make down   (or {venv} down)
 """)
