@@ -2,8 +2,10 @@
 beyond reading the inventory and the unit files: each host's services configuration
 (/etc/offerbus/offerbus.toml, checked with the services' own loader as `offerbus config
 check` does), the ZooKeeper ensemble's zoo.cfg and myid, the systemd units for the host's
-roles under the install prefix, and the rollout plan (the commands `python -m infra.rollout`
-runs, in order). See infra/inventory.example.toml for the format and docs/OPERATIONS.md."""
+roles under the install prefix, CURVE on by default (every service's key options, the
+master's ACL file from the inventory's principals, which keys each host gets), and the rollout
+plan (the commands `python -m infra.rollout` runs, in order). See infra/inventory.example.toml
+for the format and docs/OPERATIONS.md."""
 
 from __future__ import annotations
 
@@ -26,6 +28,13 @@ CONFIG_PATH = "/etc/offerbus/offerbus.toml"
 ZK_CONF_DIR = "/etc/offerbus/zookeeper"
 ZK_DATA_DIR = "/var/lib/offerbus/zookeeper"
 AGENT_WORK_DIR = "/var/lib/offerbus/agent"
+KEYS_DIR = "/etc/offerbus/keys"  # on each host: its own secret, the server's public key
+ALLOWED_DIR = f"{KEYS_DIR}/allowed"  # on master and broker hosts: every admitted public key
+ACL_PATH = "/etc/offerbus/acl.toml"  # on master hosts: who may use which role and action
+SERVER_KEY = "server"  # the key pair masters and brokers share (docs/DESIGN.md §17)
+SERVER_ROLES = ("master", "broker")  # they accept connections: the server key, allowed keys
+CURVE_OPTIONS = ("curve_secret_key_file", "curve_server_key_file", "curve_allowed_dir",
+                 "acl_file")
 USER = "offerbus"  # the services' system user (the units' User=)
 SOURCE_EXCLUDES = (".git", ".venv", ".run", "__pycache__", ".mypy_cache", ".ruff_cache",
                    ".pytest_cache", "bench/results", "tests/artifacts")
@@ -53,6 +62,14 @@ class InventoryError(ValueError):
 
 
 @dataclass(frozen=True)
+class Principal:
+    """An operator or a framework's principal: its key's name and what the ACL lets it do."""
+    name: str
+    roles: tuple[str, ...]
+    actions: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Host:
     name: str
     address: str
@@ -68,6 +85,8 @@ class Inventory:
     cluster: Mapping[str, Any]
     services: Mapping[str, Any]  # [services]: top-level keys and a table per service role
     hosts: tuple[Host, ...]
+    curve: bool = True  # `curve = false` at the top of the inventory turns it off
+    principals: tuple[Principal, ...] = ()
 
     def with_role(self, role: str) -> list[Host]:
         return [h for h in self.hosts if role in h.roles]
@@ -89,6 +108,7 @@ class File:
     mode: str = "0644"
     owner: str = "root"
     group: str = "root"
+    key: str = ""  # a key file's name in the local keys dir: read at run time, never shown
 
 
 @dataclass(frozen=True)
@@ -97,6 +117,7 @@ class Step:
     argv: tuple[str, ...]
     what: str
     stdin: str | None = None  # a file's content, sent to the command
+    stdin_key: str = ""  # or a key file's name in the local keys dir (its content not shown)
     files: tuple[str, ...] = field(default=())
 
 
@@ -119,7 +140,8 @@ def parse(text: str, path: str = "<inventory>") -> Inventory:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise InventoryError(f"{path}: not valid TOML ({exc})") from None
-    _unknown(doc, ("cluster", "services", "host"), path)
+    _unknown(doc, ("curve", "cluster", "services", "host", "principal"), path)
+    curve = _typed(doc.get("curve", True), bool, f"{path}: curve")
     raw_cluster = doc.get("cluster", {})
     _typed(raw_cluster, dict, f"{path}: [cluster]")
     _unknown(raw_cluster, CLUSTER_KEYS, f"{path}: [cluster]")
@@ -142,7 +164,49 @@ def parse(text: str, path: str = "<inventory>") -> Inventory:
         raise InventoryError(f"{path}: no [[host]] entries")
     hosts = tuple(_host(entry, i, cluster, path) for i, entry in enumerate(raw_hosts))
     _check_fleet(hosts, path)
-    return Inventory(path, cluster, services, hosts)
+    raw_principals = _typed(doc.get("principal", []), list, f"{path}: [[principal]]")
+    principals = tuple(_principal(e, i, path) for i, e in enumerate(raw_principals))
+    if principals and not curve:
+        raise InventoryError(f"{path}: [[principal]] entries need CURVE (the master knows a "
+                             f"principal by its key); remove `curve = false` or them")
+    inv = Inventory(path, cluster, services, hosts, curve, principals)
+    if curve:
+        _check_keys(inv)
+    return inv
+
+
+def _principal(entry: Any, index: int, path: str) -> Principal:
+    where = f"{path}: [[principal]] #{index + 1}"
+    _typed(entry, dict, where)
+    _unknown(entry, ("name", "roles", "actions"), where)
+    if "name" not in entry:
+        raise InventoryError(f"{where}: `name` is missing")
+    name = _typed(entry["name"], str, f"{where}: name")
+    roles = _typed(entry.get("roles", []), list, f"{where}: roles")
+    actions = _typed(entry.get("actions", []), list, f"{where}: actions")
+    for value in (*roles, *actions):
+        _typed(value, str, f"{where}: roles and actions")
+    return Principal(name, tuple(roles), tuple(actions))
+
+
+def _check_keys(inv: Inventory) -> None:
+    """Every key name is a valid, distinct name and the ACL loads with the master's parser."""
+    from services.cli.keys import NAME
+    from services.master.acl import Acl
+
+    seen: set[str] = set()
+    for name in [SERVER_KEY, *(h.name for h in inv.hosts if host_key(h)),
+                 *(p.name for p in inv.principals)]:
+        if not NAME.fullmatch(name):
+            raise InventoryError(f"{inv.path}: key name {name!r}: 1-64 of A-Z a-z 0-9 . _ -")
+        if name in seen:
+            raise InventoryError(f"{inv.path}: principal {name!r}: the name of another key "
+                                 f"(a host's or the server's); principals need their own")
+        seen.add(name)
+    try:
+        Acl.parse(tomllib.loads(acl_file(inv)), f"{inv.path}: [[principal]]")
+    except ValueError as exc:
+        raise InventoryError(str(exc)) from None
 
 
 def _host(entry: Any, index: int, cluster: Mapping[str, Any], path: str) -> Host:
@@ -234,9 +298,71 @@ def service_config(inv: Inventory, host: Host) -> str:
         ident = host.name if host.name.startswith(role) else f"{role}-{host.name}"
         table: dict[str, Any] = ({"work_dir": AGENT_WORK_DIR, "hostname": host.name}
                                  if role == "agent" else {"id": ident})
+        table |= {k: v for k, v in curve_options(inv, host, role).items()
+                  if k not in inv.services}  # a CURVE option the inventory sets wins
         table |= dict(inv.services.get(role, {})) | dict(host.options.get(role, {}))
         lines += ["", f"[{role}]", *(f"{k} = {_toml_value(v)}" for k, v in table.items())]
     return "\n".join(lines) + "\n"
+
+
+def host_key(host: Host) -> str:
+    """The name of the key pair of the host's allocator and agent ("" if it runs neither)."""
+    return host.name if any(r in host.roles for r in ("allocator", "agent")) else ""
+
+
+def key_names(inv: Inventory) -> list[str]:
+    """Every key pair of a keyed fleet: the server's, each allocator/agent host's and each
+    principal's (all of them admitted by masters and brokers)."""
+    if not inv.curve:
+        return []
+    return [SERVER_KEY, *(host_key(h) for h in inv.hosts if host_key(h)),
+            *(p.name for p in inv.principals)]
+
+
+def curve_options(inv: Inventory, host: Host, role: str) -> dict[str, str]:
+    """The CURVE options `role` gets on `host`: masters and brokers the server's key pair and
+    the allowed keys (the master its ACL file too), the others the host's key pair."""
+    if not inv.curve:
+        return {}
+    server = role in SERVER_ROLES
+    out = {"curve_secret_key_file": f"{KEYS_DIR}/{SERVER_KEY if server else host_key(host)}"
+                                    ".key_secret",
+           "curve_server_key_file": f"{KEYS_DIR}/{SERVER_KEY}.key"}
+    if server:
+        out["curve_allowed_dir"] = ALLOWED_DIR
+    if role == "master":
+        out["acl_file"] = ACL_PATH
+    return out
+
+
+def acl_file(inv: Inventory) -> str:
+    """The master's ACL: each principal's roles and operator actions; only the agent hosts'
+    keys may act as agents."""
+    agents = [host_key(h) for h in inv.with_role("agent")]
+    lines = ["# Rendered by infra.rollout from the inventory's [[principal]] entries.",
+             f"agents = [{', '.join(json.dumps(a) for a in agents)}]"]
+    for p in inv.principals:
+        lines += ["", f"[principals.{json.dumps(p.name)}]",
+                  f"roles = [{', '.join(json.dumps(r) for r in p.roles)}]",
+                  f"operator = [{', '.join(json.dumps(a) for a in p.actions)}]"]
+    return "\n".join(lines) + "\n"
+
+
+def key_files(inv: Inventory, host: Host) -> list[File]:
+    """The keys `host` gets: the server's public key; masters and brokers the server's secret
+    and every admitted public key; allocators and agents their host's secret. Secrets are
+    0600 and the services' user's."""
+    if not inv.curve or not any(r in SERVICE_ROLES for r in host.roles):
+        return []
+    out = [File(f"{KEYS_DIR}/{SERVER_KEY}.key", "", key=f"{SERVER_KEY}.key")]
+    secrets = [SERVER_KEY] if any(r in SERVER_ROLES for r in host.roles) else []
+    secrets += [host_key(host)] if host_key(host) else []
+    out += [File(f"{KEYS_DIR}/{name}.key_secret", "", "0600", USER, USER,
+                 key=f"{name}.key_secret") for name in secrets]
+    if secrets and secrets[0] == SERVER_KEY:
+        out += [File(f"{ALLOWED_DIR}/{name}.key", "", key=f"{name}.key")
+                for name in key_names(inv)]
+    return out
 
 
 def zoo_cfg(inv: Inventory) -> str:
@@ -265,6 +391,9 @@ def files_for(inv: Inventory, host: Host) -> list[File]:
     out: list[File] = []
     if any(r in SERVICE_ROLES for r in host.roles):
         out.append(File(CONFIG_PATH, service_config(inv, host), "0640", "root", USER))
+    if inv.curve and "master" in host.roles:
+        out.append(File(ACL_PATH, acl_file(inv), "0640", "root", USER))
+    out += key_files(inv, host)
     if "zookeeper" in host.roles:
         myid = inv.with_role("zookeeper").index(host) + 1
         out += [File(f"{ZK_CONF_DIR}/zoo.cfg", zoo_cfg(inv)),
@@ -305,6 +434,21 @@ def _sudo(host: Host, script: str) -> str:
     return shell if host.ssh_user == "root" else f"sudo {shell}"
 
 
+def _key_dirs(inv: Inventory, host: Host) -> str:
+    if not key_files(inv, host):
+        return ""
+    return f"; install -d -m 0750 -o root -g {USER} {KEYS_DIR} {ALLOWED_DIR}"
+
+
+def warnings(inv: Inventory) -> list[str]:
+    """What the plan's reader must know: a fleet without CURVE."""
+    if inv.curve:
+        return []
+    return [f"WARNING: {inv.path} sets curve = false: the bus is neither encrypted nor "
+            "authenticated, and any peer that reaches a port can act as an agent, a framework "
+            "or an operator; only for a network nobody else can reach"]
+
+
 def plan(inv: Inventory, source: str, only: str | None = None,
          hosts: Sequence[str] = ()) -> list[Step]:
     """The rollout's commands in order: on every chosen host the user, the source tree, the
@@ -329,7 +473,7 @@ def plan(inv: Inventory, source: str, only: str | None = None,
             f"getent passwd {USER} >/dev/null || useradd --system --user-group "
             f"--home-dir /var/lib/offerbus --shell /usr/sbin/nologin {USER}; {groups}"
             f"mkdir -p {prefix}/src /etc/offerbus {ZK_CONF_DIR}; "
-            f"install -d -o {USER} -g {USER} /var/lib/offerbus"))),
+            f"install -d -o {USER} -g {USER} /var/lib/offerbus{_key_dirs(inv, host)}"))),
             "the offerbus user and the directories"))
         rsync_path = "rsync" if host.ssh_user == "root" else "sudo rsync"
         excludes = [f"--exclude={e}" for e in SOURCE_EXCLUDES]
@@ -353,7 +497,14 @@ def plan(inv: Inventory, source: str, only: str | None = None,
         for f in files_for(inv, host):
             steps.append(Step(host.name, _ssh(inv, host, _sudo(host, (
                 f"install -D -m {f.mode} -o {f.owner} -g {f.group} /dev/stdin {f.path}"))),
-                f"write {f.path}", stdin=f.content, files=(f.path,)))
+                f"write {f.path}", stdin=None if f.key else f.content, stdin_key=f.key,
+                files=(f.path,)))
+        if inv.curve and any(r in SERVER_ROLES for r in host.roles):
+            keep = "|".join(f"{name}.key" for name in key_names(inv))
+            steps.append(Step(host.name, _ssh(inv, host, _sudo(host, (
+                f'for f in {ALLOWED_DIR}/*.key; do case "${{f##*/}}" in {keep}) ;; '
+                f'*) rm -f "$f" ;; esac; done'))),
+                "remove the allowed keys the inventory no longer names"))
         if any(r in SERVICE_ROLES for r in host.roles):
             roles = " ".join(f"--service {r}" for r in host.roles if r in SERVICE_ROLES)
             steps.append(Step(host.name, _ssh(inv, host, _sudo(host, (

@@ -1,7 +1,9 @@
 """The inventory: the example fleet renders configurations the services' own loader accepts,
 one zoo.cfg whose servers are the inventory's ZooKeeper hosts and a myid each, units under
 the prefix; bad inventories are refused with a clear error; the rollout's --dry-run prints
-every command and file and runs nothing (no host is contacted in these tests)."""
+every command and file and runs nothing (no host is contacted in these tests). CURVE is on by
+default: every service keyed, the ACL rendered from the principals, each host given only its
+keys, generated once and never overwritten, and no secret ever printed."""
 
 from __future__ import annotations
 
@@ -16,7 +18,9 @@ from pathlib import Path
 import pytest
 
 from infra import inventory, rollout
+from services.bus.curve import KeyPair
 from services.cli import config_cmd
+from services.master.acl import Acl
 
 EXAMPLE = Path(inventory.__file__).with_name("inventory.example.toml")
 
@@ -131,16 +135,24 @@ def _run(argv: list[str]) -> tuple[int, str, str]:
 
 
 def test_dry_run_prints_every_command_and_file_and_runs_nothing(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError(f"a dry run ran {args}")
     monkeypatch.setattr(rollout.subprocess, "run", refuse)
-    code, out, _ = _run([str(EXAMPLE), "--dry-run"])
+    keys = tmp_path / "keys"
+    code, out, _ = _run([str(EXAMPLE), "--dry-run", "--keys", str(keys)])
     assert code == 0
+    assert not keys.exists()  # a dry run generates nothing either
     inv = inventory.load(str(EXAMPLE))
+    assert f"# [local] generate the key pairs {', '.join(inventory.key_names(inv))} in " \
+        f"{keys}\n" in out
     for host in inv.hosts:
         for f in inventory.files_for(inv, host):
-            assert f.content in out
+            if f.key:
+                assert re.search(rf"{re.escape(f.path)}\S* < {re.escape(str(keys / f.key))}$",
+                                 out, re.MULTILINE), f.path
+            else:
+                assert f.content in out
         assert out.count(f"# [{host.name}] write ") == len(inventory.files_for(inv, host))
         assert f"# [{host.name}] the source tree\nrsync " in out
     starts = re.findall(r"^# \[(\S+)\] start \(or restart\) (\w+)$", out, re.MULTILINE)
@@ -152,20 +164,21 @@ def test_dry_run_prints_every_command_and_file_and_runs_nothing(
     assert "ops@10.0.3.4" in out and "admin@10.0.3.3" in out
 
 
-def test_only_one_role(monkeypatch: pytest.MonkeyPatch) -> None:
-    code, out, _ = _run([str(EXAMPLE), "--dry-run", "--only", "agent"])
+def test_only_one_role(tmp_path: Path) -> None:
+    code, out, _ = _run([str(EXAMPLE), "--dry-run", "--only", "agent", "--keys", str(tmp_path)])
     assert code == 0
     hosts = set(re.findall(r"^# \[(\S+)\]", out, re.MULTILINE))
-    assert hosts == {f"agent-{i}" for i in range(1, 5)}
+    assert hosts == {"local", *(f"agent-{i}" for i in range(1, 5))}  # local: keys generated
     assert "start (or restart) master" not in out
 
 
-def test_only_some_hosts() -> None:
+def test_only_some_hosts(tmp_path: Path) -> None:
     code, out, _ = _run([str(EXAMPLE), "--dry-run", "--only", "master", "--host", "master-2",
-                         "--host", "master-3"])
+                         "--host", "master-3", "--keys", str(tmp_path)])
     assert code == 0
-    assert set(re.findall(r"^# \[(\S+)\]", out, re.MULTILINE)) == {"master-2", "master-3"}
-    code, out, err = _run([str(EXAMPLE), "--dry-run", "--host", "master-9"])
+    assert set(re.findall(r"^# \[(\S+)\]", out, re.MULTILINE)) == {"local", "master-2", "master-3"}
+    code, out, err = _run([str(EXAMPLE), "--dry-run", "--host", "master-9", "--keys",
+                           str(tmp_path)])
     assert code == 2 and out == "" and "--host master-9: not in" in err
 
 
@@ -184,7 +197,7 @@ def test_rollout_runs_the_plan_in_order_and_stops_at_a_failure(
     monkeypatch.setattr(rollout.subprocess, "run", fake)
     fleet = tmp_path / "fleet.toml"
     fleet.write_text(small())
-    code, _, err = _run([str(fleet)])
+    code, _, err = _run([str(fleet), "--keys", str(tmp_path / "keys")])
     plan = inventory.plan(inventory.load(str(fleet)), str(rollout.REPO))
     assert code == 1 and ran == [s.argv for s in plan[:3]]
     assert "step 3 failed on zk-1" in err
@@ -213,3 +226,160 @@ def test_every_remote_script_is_valid_sh() -> None:
         assert done.returncode == 0, (words[3], done.stderr)
         scripts += 1
     assert scripts > 2 * len(inv.hosts)
+
+
+KEYED_OPTIONS = {"curve_secret_key_file", "curve_server_key_file"}
+
+
+def test_every_service_is_keyed_by_default_and_its_config_checks() -> None:
+    inv = inventory.load(str(EXAMPLE))
+    assert inv.curve and inventory.check_configs(inv) == []
+    keys = inventory.KEYS_DIR
+    for host in inv.hosts:
+        doc = tomllib.loads(inventory.service_config(inv, host)) if any(
+            r in inventory.SERVICE_ROLES for r in host.roles) else {}
+        for role in (r for r in host.roles if r in inventory.SERVICE_ROLES):
+            table = doc[role]
+            server = role in ("master", "broker")
+            assert table["curve_secret_key_file"] == (
+                f"{keys}/server.key_secret" if server else f"{keys}/{host.name}.key_secret")
+            assert table["curve_server_key_file"] == f"{keys}/server.key"
+            assert table.get("curve_allowed_dir") == (f"{keys}/allowed" if server else None)
+            assert table.get("acl_file") == (
+                inventory.ACL_PATH if role == "master" else None)
+
+
+def test_each_host_gets_only_the_keys_it_needs() -> None:
+    inv = inventory.load(str(EXAMPLE))
+    by_name = {h.name: h for h in inv.hosts}
+
+    def keys(name: str) -> dict[str, tuple[str, str, str]]:
+        return {f.key: (f.path, f.mode, f.owner) for f in inventory.files_for(inv, by_name[name])
+                if f.key}
+    assert keys("zk-1") == {}
+    k = inventory.KEYS_DIR
+    assert keys("agent-1") == {"server.key": (f"{k}/server.key", "0644", "root"),
+                               "agent-1.key_secret": (f"{k}/agent-1.key_secret", "0600",
+                                                      inventory.USER)}
+    master = keys("master-1")
+    assert {n for n in master if n.endswith("_secret")} == {"server.key_secret"}
+    allowed = {n for n, (path, _, _) in master.items() if "/allowed/" in path}
+    assert allowed == {f"{n}.key" for n in ("server", "sched-1", "sched-2", "agent-1",
+                                            "agent-2", "agent-3", "agent-4", "ops",
+                                            "analytics")}
+    sched = keys("sched-1")  # a broker (server key, allowed keys) and an allocator (its own)
+    assert {n for n in sched if n.endswith("_secret")} == {"server.key_secret",
+                                                            "sched-1.key_secret"}
+
+
+def test_the_acl_file_renders_the_principals() -> None:
+    inv = inventory.load(str(EXAMPLE))
+    files = {f.path: f for f in inventory.files_for(inv, inv.with_role("master")[0])}
+    acl_file = files[inventory.ACL_PATH]
+    assert (acl_file.mode, acl_file.group) == ("0640", inventory.USER)
+    acl = Acl.parse(tomllib.loads(acl_file.content))
+    assert acl.may("ops", "kill_task") and acl.may_use_role("ops", "*")
+    assert acl.may_use_role("analytics", "eng/batch") and not acl.may("analytics", "kill_task")
+    assert not acl.may_use_role("analytics", "web")
+    assert acl.may_act_as_agent("agent-3") and not acl.may_act_as_agent("sched-1")
+    assert not acl.may_act_as_agent("ops")
+    assert inventory.ACL_PATH not in {f.path for h in inv.with_role("broker")
+                                      for f in inventory.files_for(inv, h)}
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    ('\n[[principal]]\nname = "agent-1"\nroles = ["*"]\n', "principal 'agent-1': the name"),
+    ('\n[[principal]]\nname = "server"\n', "principal 'server': the name"),
+    ('\n[[principal]]\nname = "ops"\nactions = ["launch_rockets"]\n',
+     "unknown action(s) launch_rockets"),
+    ('\n[[principal]]\nname = "ops"\nroles = ["/bad"]\n', "principals.ops.roles"),
+    ('\n[[principal]]\nname = "ops"\nsudo = true\n', "unknown key(s) sudo"),
+    ('\n[[principal]]\nname = "../ops"\n', "key name '../ops'"),
+])
+def test_bad_principals_are_refused(extra: str, message: str) -> None:
+    with pytest.raises(inventory.InventoryError) as caught:
+        inventory.parse(small(extra=extra), "fleet.toml")
+    assert message in str(caught.value)
+
+
+def test_an_inventory_may_opt_out_of_curve_with_a_warning(tmp_path: Path) -> None:
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text("curve = false\n" + small())
+    inv = inventory.load(str(fleet))
+    assert inventory.check_configs(inv) == [] and inventory.key_names(inv) == []
+    for host in inv.hosts:
+        for f in inventory.files_for(inv, host):
+            assert not f.key and "curve_" not in f.content and "acl_file" not in f.content
+            assert f.path != inventory.ACL_PATH
+    code, out, _ = _run([str(fleet), "--dry-run"])  # no --keys needed
+    assert code == 0 and "WARNING: " in out and "curve = false" in out
+    assert "/etc/offerbus/keys" not in out
+    with pytest.raises(inventory.InventoryError, match="need CURVE"):
+        inventory.parse("curve = false\n" + small(extra='\n[[principal]]\nname = "ops"\n'))
+
+
+def test_a_keyed_inventory_needs_the_keys_dir(tmp_path: Path) -> None:
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text(small())
+    code, out, err = _run([str(fleet), "--dry-run"])
+    assert code == 2 and out == "" and "give --keys DIR" in err
+
+
+def test_the_inventorys_own_curve_options_win() -> None:
+    text = small().replace("[services.master]", '[services]\ncurve_server_key_file = '
+                           '"/srv/k/server.key"\n[services.master]')
+    inv = inventory.parse(text.replace('roles = ["agent"]', 'roles = ["agent"]\n[host.agent]\n'
+                                       'curve_secret_key_file = "/srv/k/a.key_secret"'))
+    doc = tomllib.loads(inventory.service_config(inv, inv.hosts[1]))
+    assert doc["curve_server_key_file"] == "/srv/k/server.key"
+    assert "curve_server_key_file" not in doc["agent"]
+    assert doc["agent"]["curve_secret_key_file"] == "/srv/k/a.key_secret"
+
+
+def _secrets(keys: Path) -> dict[str, bytes]:
+    return {p.name: KeyPair.load(p).secret for p in sorted(keys.glob("*.key_secret"))}
+
+
+def test_the_dry_run_never_prints_a_secret_key(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    inv = inventory.load(str(EXAMPLE))
+    rollout.generate_keys(keys, inventory.key_names(inv))
+    code, out, _ = _run([str(EXAMPLE), "--dry-run", "--keys", str(keys)])
+    secrets = _secrets(keys)
+    assert code == 0 and len(secrets) == len(inventory.key_names(inv))
+    for secret in secrets.values():
+        assert secret.decode() not in out
+    assert "secret-key" not in out and "generate the key pairs" not in out
+
+
+def test_keys_are_generated_once_never_overwritten_and_sent_to_their_hosts(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    sent: list[tuple[tuple[str, ...], str | None]] = []
+
+    class Done:
+        returncode = 0
+
+    def fake(argv: tuple[str, ...], input: str | None = None, **kwargs: object) -> Done:
+        sent.append((argv, input))
+        return Done()
+    monkeypatch.setattr(rollout.subprocess, "run", fake)
+    fleet, keys = tmp_path / "fleet.toml", tmp_path / "keys"
+    fleet.write_text(small(extra='\n[[principal]]\nname = "ops"\nroles = ["*"]\n'))
+    code, out, _ = _run([str(fleet), "--keys", str(keys)])
+    assert code == 0 and "generate the key pairs server, zk-1, agent-1, ops in" in out
+    first = _secrets(keys)
+    assert set(first) == {f"{n}.key_secret" for n in ("server", "zk-1", "agent-1", "ops")}
+    assert all((keys / n).stat().st_mode & 0o077 == 0 for n in first)
+    # the agent host gets its own secret, installed 0600 for the services' user, and no other
+    installs = {argv[-1].split()[-1].rstrip("'"): text for argv, text in sent
+                if argv[-2].endswith("10.9.0.2") and "key_secret" in argv[-1]}
+    assert list(installs) == [f"{inventory.KEYS_DIR}/agent-1.key_secret"]
+    assert installs[f"{inventory.KEYS_DIR}/agent-1.key_secret"] == (
+        keys / "agent-1.key_secret").read_text()
+    sent.clear()
+    code, out, _ = _run([str(fleet), "--keys", str(keys)])
+    assert code == 0 and "generate" not in out and _secrets(keys) == first  # kept as they were
+    (keys / "ops.key").unlink()  # half a pair is refused, not replaced
+    code, _, err = _run([str(fleet), "--keys", str(keys)])
+    assert code == 2 and "ops.key and ops.key_secret must both be there" in err
+    assert _secrets(keys) == first

@@ -44,6 +44,7 @@ def fleet(zk: Any, zk_admin: Any, tmp_path: Path) -> Iterator[tuple[inventory.In
     chroot = f"/rendered-{uuid.uuid4().hex[:8]}"
     zk_admin.create(chroot)
     text = f"""
+curve = false  # the keyed rendering points at /etc/offerbus/keys (test_inventory.py)
 [cluster]
 chroot = "{chroot}"
 zk_client_port = {zk.hosts.rpartition(":")[2]}
