@@ -25,19 +25,19 @@ _sym_db = _symbol_database.Default()
 from schemas import common_pb2 as schemas_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13schemas/agent.proto\x12\x0bofferbus.v1\x1a\x14schemas/common.proto\"M\n\x0cStatusUpdate\x12\x14\n\x0c\x66ramework_id\x18\x01 \x01(\t\x12\'\n\x06status\x18\x02 \x01(\x0b\x32\x17.offerbus.v1.TaskStatus\"\xf6\x08\n\tAgentCall\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x33\n\x08register\x18\x02 \x01(\x0b\x32\x1f.offerbus.v1.AgentCall.RegisterH\x00\x12\x37\n\nreregister\x18\x03 \x01(\x0b\x32!.offerbus.v1.AgentCall.ReregisterH\x00\x12>\n\x0estatus_updates\x18\x04 \x01(\x0b\x32$.offerbus.v1.AgentCall.StatusUpdatesH\x00\x12@\n\x0f\x65xecutor_exited\x18\x05 \x01(\x0b\x32%.offerbus.v1.AgentCall.ExecutorExitedH\x00\x12\x37\n\nunregister\x18\x06 \x01(\x0b\x32!.offerbus.v1.AgentCall.UnregisterH\x00\x12\x36\n\nlogs_reply\x18\x07 \x01(\x0b\x32 .offerbus.v1.AgentCall.LogsReplyH\x00\x1a\x36\n\x08Register\x12*\n\nagent_info\x18\x01 \x01(\x0b\x32\x16.offerbus.v1.AgentInfo\x1a\xdb\x02\n\nReregister\x12*\n\nagent_info\x18\x01 \x01(\x0b\x32\x16.offerbus.v1.AgentInfo\x12\x35\n\x05tasks\x18\x02 \x03(\x0b\x32&.offerbus.v1.AgentCall.Reregister.Task\x12,\n\texecutors\x18\x03 \x03(\x0b\x32\x19.offerbus.v1.ExecutorInfo\x12.\n\nframeworks\x18\x04 \x03(\x0b\x32\x1a.offerbus.v1.FrameworkInfo\x1a\x8b\x01\n\x04Task\x12\x14\n\x0c\x66ramework_id\x18\x01 \x01(\t\x12(\n\ttask_info\x18\x02 \x01(\x0b\x32\x15.offerbus.v1.TaskInfo\x12.\n\rlatest_status\x18\x03 \x01(\x0b\x32\x17.offerbus.v1.TaskStatus\x12\x13\n\x0b\x65xecutor_id\x18\x04 \x01(\t\x1a;\n\rStatusUpdates\x12*\n\x07updates\x18\x01 \x03(\x0b\x32\x19.offerbus.v1.StatusUpdate\x1a\x65\n\x0e\x45xecutorExited\x12\x14\n\x0c\x66ramework_id\x18\x01 \x01(\t\x12\x13\n\x0b\x65xecutor_id\x18\x02 \x01(\t\x12\x18\n\x0b\x65xit_status\x18\x03 \x01(\x05H\x00\x88\x01\x01\x42\x0e\n\x0c_exit_status\x1a\x1c\n\nUnregister\x12\x0e\n\x06reason\x18\x01 \x01(\t\x1a\x95\x01\n\tLogsReply\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12&\n\x06stream\x18\x03 \x01(\x0e\x32\x16.offerbus.v1.LogStream\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\x12\x11\n\ttruncated\x18\x05 \x01(\x08\x12\x0b\n\x03\x65of\x18\x06 \x01(\x08\x12\r\n\x05\x65rror\x18\x07 \x01(\tB\x06\n\x04\x63\x61ll\"\xd9\x0e\n\nAgentEvent\x12\x38\n\nregistered\x18\x01 \x01(\x0b\x32\".offerbus.v1.AgentEvent.RegisteredH\x00\x12<\n\x0creregistered\x18\x02 \x01(\x0b\x32$.offerbus.v1.AgentEvent.ReregisteredH\x00\x12\x35\n\trun_tasks\x18\x03 \x01(\x0b\x32 .offerbus.v1.AgentEvent.RunTasksH\x00\x12\x35\n\tkill_task\x18\x04 \x01(\x0b\x32 .offerbus.v1.AgentEvent.KillTaskH\x00\x12\x44\n\x10\x61\x63knowledgements\x18\x05 \x01(\x0b\x32(.offerbus.v1.AgentEvent.AcknowledgementsH\x00\x12\x36\n\treconcile\x18\x06 \x01(\x0b\x32!.offerbus.v1.AgentEvent.ReconcileH\x00\x12G\n\x12shutdown_framework\x18\x07 \x01(\x0b\x32).offerbus.v1.AgentEvent.ShutdownFrameworkH\x00\x12\x34\n\x08shutdown\x18\x08 \x01(\x0b\x32 .offerbus.v1.AgentEvent.ShutdownH\x00\x12;\n\x0clogs_request\x18\t \x01(\x0b\x32#.offerbus.v1.AgentEvent.LogsRequestH\x00\x12K\n\x14\x63heckpoint_resources\x18\n \x01(\x0b\x32+.offerbus.v1.AgentEvent.CheckpointResourcesH\x00\x1az\n\nRegistered\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x11\n\tmaster_id\x18\x02 \x01(\t\x12\x14\n\x0cmaster_epoch\x18\x03 \x01(\x04\x12\x1d\n\x15heartbeat_interval_ms\x18\x04 \x01(\r\x12\x12\n\ncluster_id\x18\x05 \x01(\t\x1a|\n\x0cReregistered\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x11\n\tmaster_id\x18\x02 \x01(\t\x12\x14\n\x0cmaster_epoch\x18\x03 \x01(\x04\x12\x1d\n\x15heartbeat_interval_ms\x18\x04 \x01(\r\x12\x12\n\ncluster_id\x18\x05 \x01(\t\x1a\xe2\x01\n\x08RunTasks\x12\x39\n\x08launches\x18\x01 \x03(\x0b\x32\'.offerbus.v1.AgentEvent.RunTasks.Launch\x12.\n\nframeworks\x18\x02 \x03(\x0b\x32\x1a.offerbus.v1.FrameworkInfo\x1ak\n\x06Launch\x12\x14\n\x0c\x66ramework_id\x18\x01 \x01(\t\x12#\n\x04task\x18\x02 \x01(\x0b\x32\x15.offerbus.v1.TaskInfo\x12\x13\n\x0btraceparent\x18\x03 \x01(\t\x12\x11\n\toffer_ids\x18\x04 \x03(\t\x1a\x9b\x01\n\x08KillTask\x12\x14\n\x0c\x66ramework_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12 \n\x13kill_grace_period_s\x18\x03 \x01(\x01H\x00\x88\x01\x01\x12.\n\x06reason\x18\x04 \x01(\x0e\x32\x1e.offerbus.v1.TaskStatus.ReasonB\x16\n\x14_kill_grace_period_s\x1a\x8a\x01\n\x10\x41\x63knowledgements\x12:\n\x04\x61\x63ks\x18\x01 \x03(\x0b\x32,.offerbus.v1.AgentEvent.Acknowledgements.Ack\x1a:\n\x03\x41\x63k\x12\x14\n\x0c\x66ramework_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x0c\n\x04uuid\x18\x03 \x01(\x0c\x1a\x98\x01\n\tReconcile\x12\x35\n\x05tasks\x18\x01 \x03(\x0b\x32&.offerbus.v1.AgentEvent.Reconcile.Task\x1aT\n\x04Task\x12\x14\n\x0c\x66ramework_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12%\n\x05state\x18\x03 \x01(\x0e\x32\x16.offerbus.v1.TaskState\x1a\x39\n\x11ShutdownFramework\x12\x14\n\x0c\x66ramework_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x1a\x1a\n\x08Shutdown\x12\x0e\n\x06reason\x18\x01 \x01(\t\x1a\x97\x01\n\x0bLogsRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x14\n\x0c\x66ramework_id\x18\x02 \x01(\t\x12\x0f\n\x07task_id\x18\x03 \x01(\t\x12&\n\x06stream\x18\x04 \x01(\x0e\x32\x16.offerbus.v1.LogStream\x12\x12\n\ntail_lines\x18\x05 \x01(\r\x12\x11\n\tmax_bytes\x18\x06 \x01(\r\x1a?\n\x13\x43heckpointResources\x12(\n\tresources\x18\x01 \x03(\x0b\x32\x15.offerbus.v1.ResourceB\x07\n\x05\x65vent*U\n\tLogStream\x12\x1a\n\x16LOG_STREAM_UNSPECIFIED\x10\x00\x12\x15\n\x11LOG_STREAM_STDOUT\x10\x01\x12\x15\n\x11LOG_STREAM_STDERR\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13schemas/agent.proto\x12\x0bofferbus.v1\x1a\x14schemas/common.proto\"M\n\x0cStatusUpdate\x12\x14\n\x0c\x66ramework_id\x18\x01 \x01(\t\x12\'\n\x06status\x18\x02 \x01(\x0b\x32\x17.offerbus.v1.TaskStatus\"\x8b\t\n\tAgentCall\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x33\n\x08register\x18\x02 \x01(\x0b\x32\x1f.offerbus.v1.AgentCall.RegisterH\x00\x12\x37\n\nreregister\x18\x03 \x01(\x0b\x32!.offerbus.v1.AgentCall.ReregisterH\x00\x12>\n\x0estatus_updates\x18\x04 \x01(\x0b\x32$.offerbus.v1.AgentCall.StatusUpdatesH\x00\x12@\n\x0f\x65xecutor_exited\x18\x05 \x01(\x0b\x32%.offerbus.v1.AgentCall.ExecutorExitedH\x00\x12\x37\n\nunregister\x18\x06 \x01(\x0b\x32!.offerbus.v1.AgentCall.UnregisterH\x00\x12\x36\n\nlogs_reply\x18\x07 \x01(\x0b\x32 .offerbus.v1.AgentCall.LogsReplyH\x00\x1a\x36\n\x08Register\x12*\n\nagent_info\x18\x01 \x01(\x0b\x32\x16.offerbus.v1.AgentInfo\x1a\xdb\x02\n\nReregister\x12*\n\nagent_info\x18\x01 \x01(\x0b\x32\x16.offerbus.v1.AgentInfo\x12\x35\n\x05tasks\x18\x02 \x03(\x0b\x32&.offerbus.v1.AgentCall.Reregister.Task\x12,\n\texecutors\x18\x03 \x03(\x0b\x32\x19.offerbus.v1.ExecutorInfo\x12.\n\nframeworks\x18\x04 \x03(\x0b\x32\x1a.offerbus.v1.FrameworkInfo\x1a\x8b\x01\n\x04Task\x12\x14\n\x0c\x66ramework_id\x18\x01 \x01(\t\x12(\n\ttask_info\x18\x02 \x01(\x0b\x32\x15.offerbus.v1.TaskInfo\x12.\n\rlatest_status\x18\x03 \x01(\x0b\x32\x17.offerbus.v1.TaskStatus\x12\x13\n\x0b\x65xecutor_id\x18\x04 \x01(\t\x1a;\n\rStatusUpdates\x12*\n\x07updates\x18\x01 \x03(\x0b\x32\x19.offerbus.v1.StatusUpdate\x1a\x65\n\x0e\x45xecutorExited\x12\x14\n\x0c\x66ramework_id\x18\x01 \x01(\t\x12\x13\n\x0b\x65xecutor_id\x18\x02 \x01(\t\x12\x18\n\x0b\x65xit_status\x18\x03 \x01(\x05H\x00\x88\x01\x01\x42\x0e\n\x0c_exit_status\x1a\x1c\n\nUnregister\x12\x0e\n\x06reason\x18\x01 \x01(\t\x1a\xaa\x01\n\tLogsReply\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12&\n\x06stream\x18\x03 \x01(\x0e\x32\x16.offerbus.v1.LogStream\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\x12\x11\n\ttruncated\x18\x05 \x01(\x08\x12\x0b\n\x03\x65of\x18\x06 \x01(\x08\x12\r\n\x05\x65rror\x18\x07 \x01(\t\x12\x13\n\x0bnext_offset\x18\x08 \x01(\x04\x42\x06\n\x04\x63\x61ll\"\x83\x0f\n\nAgentEvent\x12\x38\n\nregistered\x18\x01 \x01(\x0b\x32\".offerbus.v1.AgentEvent.RegisteredH\x00\x12<\n\x0creregistered\x18\x02 \x01(\x0b\x32$.offerbus.v1.AgentEvent.ReregisteredH\x00\x12\x35\n\trun_tasks\x18\x03 \x01(\x0b\x32 .offerbus.v1.AgentEvent.RunTasksH\x00\x12\x35\n\tkill_task\x18\x04 \x01(\x0b\x32 .offerbus.v1.AgentEvent.KillTaskH\x00\x12\x44\n\x10\x61\x63knowledgements\x18\x05 \x01(\x0b\x32(.offerbus.v1.AgentEvent.AcknowledgementsH\x00\x12\x36\n\treconcile\x18\x06 \x01(\x0b\x32!.offerbus.v1.AgentEvent.ReconcileH\x00\x12G\n\x12shutdown_framework\x18\x07 \x01(\x0b\x32).offerbus.v1.AgentEvent.ShutdownFrameworkH\x00\x12\x34\n\x08shutdown\x18\x08 \x01(\x0b\x32 .offerbus.v1.AgentEvent.ShutdownH\x00\x12;\n\x0clogs_request\x18\t \x01(\x0b\x32#.offerbus.v1.AgentEvent.LogsRequestH\x00\x12K\n\x14\x63heckpoint_resources\x18\n \x01(\x0b\x32+.offerbus.v1.AgentEvent.CheckpointResourcesH\x00\x1az\n\nRegistered\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x11\n\tmaster_id\x18\x02 \x01(\t\x12\x14\n\x0cmaster_epoch\x18\x03 \x01(\x04\x12\x1d\n\x15heartbeat_interval_ms\x18\x04 \x01(\r\x12\x12\n\ncluster_id\x18\x05 \x01(\t\x1a|\n\x0cReregistered\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x11\n\tmaster_id\x18\x02 \x01(\t\x12\x14\n\x0cmaster_epoch\x18\x03 \x01(\x04\x12\x1d\n\x15heartbeat_interval_ms\x18\x04 \x01(\r\x12\x12\n\ncluster_id\x18\x05 \x01(\t\x1a\xe2\x01\n\x08RunTasks\x12\x39\n\x08launches\x18\x01 \x03(\x0b\x32\'.offerbus.v1.AgentEvent.RunTasks.Launch\x12.\n\nframeworks\x18\x02 \x03(\x0b\x32\x1a.offerbus.v1.FrameworkInfo\x1ak\n\x06Launch\x12\x14\n\x0c\x66ramework_id\x18\x01 \x01(\t\x12#\n\x04task\x18\x02 \x01(\x0b\x32\x15.offerbus.v1.TaskInfo\x12\x13\n\x0btraceparent\x18\x03 \x01(\t\x12\x11\n\toffer_ids\x18\x04 \x03(\t\x1a\x9b\x01\n\x08KillTask\x12\x14\n\x0c\x66ramework_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12 \n\x13kill_grace_period_s\x18\x03 \x01(\x01H\x00\x88\x01\x01\x12.\n\x06reason\x18\x04 \x01(\x0e\x32\x1e.offerbus.v1.TaskStatus.ReasonB\x16\n\x14_kill_grace_period_s\x1a\x8a\x01\n\x10\x41\x63knowledgements\x12:\n\x04\x61\x63ks\x18\x01 \x03(\x0b\x32,.offerbus.v1.AgentEvent.Acknowledgements.Ack\x1a:\n\x03\x41\x63k\x12\x14\n\x0c\x66ramework_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x0c\n\x04uuid\x18\x03 \x01(\x0c\x1a\x98\x01\n\tReconcile\x12\x35\n\x05tasks\x18\x01 \x03(\x0b\x32&.offerbus.v1.AgentEvent.Reconcile.Task\x1aT\n\x04Task\x12\x14\n\x0c\x66ramework_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12%\n\x05state\x18\x03 \x01(\x0e\x32\x16.offerbus.v1.TaskState\x1a\x39\n\x11ShutdownFramework\x12\x14\n\x0c\x66ramework_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x1a\x1a\n\x08Shutdown\x12\x0e\n\x06reason\x18\x01 \x01(\t\x1a\xc1\x01\n\x0bLogsRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x14\n\x0c\x66ramework_id\x18\x02 \x01(\t\x12\x0f\n\x07task_id\x18\x03 \x01(\t\x12&\n\x06stream\x18\x04 \x01(\x0e\x32\x16.offerbus.v1.LogStream\x12\x12\n\ntail_lines\x18\x05 \x01(\r\x12\x11\n\tmax_bytes\x18\x06 \x01(\r\x12\x18\n\x0bsince_bytes\x18\x07 \x01(\x04H\x00\x88\x01\x01\x42\x0e\n\x0c_since_bytes\x1a?\n\x13\x43heckpointResources\x12(\n\tresources\x18\x01 \x03(\x0b\x32\x15.offerbus.v1.ResourceB\x07\n\x05\x65vent*U\n\tLogStream\x12\x1a\n\x16LOG_STREAM_UNSPECIFIED\x10\x00\x12\x15\n\x11LOG_STREAM_STDOUT\x10\x01\x12\x15\n\x11LOG_STREAM_STDERR\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'schemas.agent_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_LOGSTREAM']._serialized_start=3166
-  _globals['_LOGSTREAM']._serialized_end=3251
+  _globals['_LOGSTREAM']._serialized_start=3229
+  _globals['_LOGSTREAM']._serialized_end=3314
   _globals['_STATUSUPDATE']._serialized_start=58
   _globals['_STATUSUPDATE']._serialized_end=135
   _globals['_AGENTCALL']._serialized_start=138
-  _globals['_AGENTCALL']._serialized_end=1280
+  _globals['_AGENTCALL']._serialized_end=1301
   _globals['_AGENTCALL_REGISTER']._serialized_start=522
   _globals['_AGENTCALL_REGISTER']._serialized_end=576
   _globals['_AGENTCALL_REREGISTER']._serialized_start=579
@@ -51,33 +51,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_AGENTCALL_UNREGISTER']._serialized_start=1092
   _globals['_AGENTCALL_UNREGISTER']._serialized_end=1120
   _globals['_AGENTCALL_LOGSREPLY']._serialized_start=1123
-  _globals['_AGENTCALL_LOGSREPLY']._serialized_end=1272
-  _globals['_AGENTEVENT']._serialized_start=1283
-  _globals['_AGENTEVENT']._serialized_end=3164
-  _globals['_AGENTEVENT_REGISTERED']._serialized_start=1918
-  _globals['_AGENTEVENT_REGISTERED']._serialized_end=2040
-  _globals['_AGENTEVENT_REREGISTERED']._serialized_start=2042
-  _globals['_AGENTEVENT_REREGISTERED']._serialized_end=2166
-  _globals['_AGENTEVENT_RUNTASKS']._serialized_start=2169
-  _globals['_AGENTEVENT_RUNTASKS']._serialized_end=2395
-  _globals['_AGENTEVENT_RUNTASKS_LAUNCH']._serialized_start=2288
-  _globals['_AGENTEVENT_RUNTASKS_LAUNCH']._serialized_end=2395
-  _globals['_AGENTEVENT_KILLTASK']._serialized_start=2398
-  _globals['_AGENTEVENT_KILLTASK']._serialized_end=2553
-  _globals['_AGENTEVENT_ACKNOWLEDGEMENTS']._serialized_start=2556
-  _globals['_AGENTEVENT_ACKNOWLEDGEMENTS']._serialized_end=2694
-  _globals['_AGENTEVENT_ACKNOWLEDGEMENTS_ACK']._serialized_start=2636
-  _globals['_AGENTEVENT_ACKNOWLEDGEMENTS_ACK']._serialized_end=2694
-  _globals['_AGENTEVENT_RECONCILE']._serialized_start=2697
-  _globals['_AGENTEVENT_RECONCILE']._serialized_end=2849
-  _globals['_AGENTEVENT_RECONCILE_TASK']._serialized_start=2765
-  _globals['_AGENTEVENT_RECONCILE_TASK']._serialized_end=2849
-  _globals['_AGENTEVENT_SHUTDOWNFRAMEWORK']._serialized_start=2851
-  _globals['_AGENTEVENT_SHUTDOWNFRAMEWORK']._serialized_end=2908
-  _globals['_AGENTEVENT_SHUTDOWN']._serialized_start=2910
-  _globals['_AGENTEVENT_SHUTDOWN']._serialized_end=2936
-  _globals['_AGENTEVENT_LOGSREQUEST']._serialized_start=2939
-  _globals['_AGENTEVENT_LOGSREQUEST']._serialized_end=3090
-  _globals['_AGENTEVENT_CHECKPOINTRESOURCES']._serialized_start=3092
-  _globals['_AGENTEVENT_CHECKPOINTRESOURCES']._serialized_end=3155
+  _globals['_AGENTCALL_LOGSREPLY']._serialized_end=1293
+  _globals['_AGENTEVENT']._serialized_start=1304
+  _globals['_AGENTEVENT']._serialized_end=3227
+  _globals['_AGENTEVENT_REGISTERED']._serialized_start=1939
+  _globals['_AGENTEVENT_REGISTERED']._serialized_end=2061
+  _globals['_AGENTEVENT_REREGISTERED']._serialized_start=2063
+  _globals['_AGENTEVENT_REREGISTERED']._serialized_end=2187
+  _globals['_AGENTEVENT_RUNTASKS']._serialized_start=2190
+  _globals['_AGENTEVENT_RUNTASKS']._serialized_end=2416
+  _globals['_AGENTEVENT_RUNTASKS_LAUNCH']._serialized_start=2309
+  _globals['_AGENTEVENT_RUNTASKS_LAUNCH']._serialized_end=2416
+  _globals['_AGENTEVENT_KILLTASK']._serialized_start=2419
+  _globals['_AGENTEVENT_KILLTASK']._serialized_end=2574
+  _globals['_AGENTEVENT_ACKNOWLEDGEMENTS']._serialized_start=2577
+  _globals['_AGENTEVENT_ACKNOWLEDGEMENTS']._serialized_end=2715
+  _globals['_AGENTEVENT_ACKNOWLEDGEMENTS_ACK']._serialized_start=2657
+  _globals['_AGENTEVENT_ACKNOWLEDGEMENTS_ACK']._serialized_end=2715
+  _globals['_AGENTEVENT_RECONCILE']._serialized_start=2718
+  _globals['_AGENTEVENT_RECONCILE']._serialized_end=2870
+  _globals['_AGENTEVENT_RECONCILE_TASK']._serialized_start=2786
+  _globals['_AGENTEVENT_RECONCILE_TASK']._serialized_end=2870
+  _globals['_AGENTEVENT_SHUTDOWNFRAMEWORK']._serialized_start=2872
+  _globals['_AGENTEVENT_SHUTDOWNFRAMEWORK']._serialized_end=2929
+  _globals['_AGENTEVENT_SHUTDOWN']._serialized_start=2931
+  _globals['_AGENTEVENT_SHUTDOWN']._serialized_end=2957
+  _globals['_AGENTEVENT_LOGSREQUEST']._serialized_start=2960
+  _globals['_AGENTEVENT_LOGSREQUEST']._serialized_end=3153
+  _globals['_AGENTEVENT_CHECKPOINTRESOURCES']._serialized_start=3155
+  _globals['_AGENTEVENT_CHECKPOINTRESOURCES']._serialized_end=3218
 # @@protoc_insertion_point(module_scope)

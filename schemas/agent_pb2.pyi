@@ -233,6 +233,7 @@ class AgentCall(_message.Message):
         TRUNCATED_FIELD_NUMBER: _builtins.int
         EOF_FIELD_NUMBER: _builtins.int
         ERROR_FIELD_NUMBER: _builtins.int
+        NEXT_OFFSET_FIELD_NUMBER: _builtins.int
         request_id: _builtins.str
         task_id: _builtins.str
         stream: Global___LogStream.ValueType
@@ -242,6 +243,8 @@ class AgentCall(_message.Message):
         eof: _builtins.bool
         error: _builtins.str
         """Set when the logs cannot be read (unknown task, sandbox gone)."""
+        next_offset: _builtins.int
+        """with LogsRequest.since_bytes: the offset after `data`"""
         def __init__(
             self,
             *,
@@ -252,10 +255,11 @@ class AgentCall(_message.Message):
             truncated: _builtins.bool = ...,
             eof: _builtins.bool = ...,
             error: _builtins.str = ...,
+            next_offset: _builtins.int = ...,
         ) -> None: ...
         _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
         def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-        _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "eof", b"eof", "error", b"error", "request_id", b"request_id", "stream", b"stream", "task_id", b"task_id", "truncated", b"truncated"]  # noqa: Y015
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "eof", b"eof", "error", b"error", "next_offset", b"next_offset", "request_id", b"request_id", "stream", b"stream", "task_id", b"task_id", "truncated", b"truncated"]  # noqa: Y015
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -599,6 +603,7 @@ class AgentEvent(_message.Message):
         STREAM_FIELD_NUMBER: _builtins.int
         TAIL_LINES_FIELD_NUMBER: _builtins.int
         MAX_BYTES_FIELD_NUMBER: _builtins.int
+        SINCE_BYTES_FIELD_NUMBER: _builtins.int
         request_id: _builtins.str
         framework_id: _builtins.str
         task_id: _builtins.str
@@ -607,6 +612,8 @@ class AgentEvent(_message.Message):
         """Only the last N lines; 0 = the whole log (subject to max_bytes)."""
         max_bytes: _builtins.int
         """Upper bound on the data returned; 0 = the agent's default."""
+        since_bytes: _builtins.int
+        """Follow mode: the bytes from this byte offset of the stream on (tail_lines ignored)."""
         def __init__(
             self,
             *,
@@ -616,12 +623,15 @@ class AgentEvent(_message.Message):
             stream: Global___LogStream.ValueType = ...,
             tail_lines: _builtins.int = ...,
             max_bytes: _builtins.int = ...,
+            since_bytes: _builtins.int | None = ...,
         ) -> None: ...
-        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        _HasFieldArgType: _TypeAlias = _typing.Literal["_since_bytes", b"_since_bytes", "since_bytes", b"since_bytes"]  # noqa: Y015
         def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-        _ClearFieldArgType: _TypeAlias = _typing.Literal["framework_id", b"framework_id", "max_bytes", b"max_bytes", "request_id", b"request_id", "stream", b"stream", "tail_lines", b"tail_lines", "task_id", b"task_id"]  # noqa: Y015
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["_since_bytes", b"_since_bytes", "framework_id", b"framework_id", "max_bytes", b"max_bytes", "request_id", b"request_id", "since_bytes", b"since_bytes", "stream", b"stream", "tail_lines", b"tail_lines", "task_id", b"task_id"]  # noqa: Y015
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-        def WhichOneof(self, oneof_group: _Never) -> None: ...
+        _WhichOneofReturnType__since_bytes: _TypeAlias = _typing.Literal["since_bytes"]  # noqa: Y015
+        _WhichOneofArgType__since_bytes: _TypeAlias = _typing.Literal["_since_bytes", b"_since_bytes"]  # noqa: Y015
+        def WhichOneof(self, oneof_group: _WhichOneofArgType__since_bytes) -> _WhichOneofReturnType__since_bytes | None: ...
 
     @_typing.final
     class CheckpointResources(_message.Message):

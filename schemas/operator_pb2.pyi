@@ -64,6 +64,7 @@ class OperatorCall(_message.Message):
         STREAM_FIELD_NUMBER: _builtins.int
         TAIL_LINES_FIELD_NUMBER: _builtins.int
         MAX_BYTES_FIELD_NUMBER: _builtins.int
+        SINCE_BYTES_FIELD_NUMBER: _builtins.int
         framework_id: _builtins.str
         """may be empty: the master finds the task by id"""
         task_id: _builtins.str
@@ -72,6 +73,10 @@ class OperatorCall(_message.Message):
         """0 = all"""
         max_bytes: _builtins.int
         """0 = the agent's default cap"""
+        since_bytes: _builtins.int
+        """Follow mode: the bytes of the log from this byte offset on (at most max_bytes of them;
+        tail_lines is ignored). The reply's next_offset is where the next request starts.
+        """
         def __init__(
             self,
             *,
@@ -80,12 +85,15 @@ class OperatorCall(_message.Message):
             stream: _agent_pb2.LogStream.ValueType = ...,
             tail_lines: _builtins.int = ...,
             max_bytes: _builtins.int = ...,
+            since_bytes: _builtins.int | None = ...,
         ) -> None: ...
-        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        _HasFieldArgType: _TypeAlias = _typing.Literal["_since_bytes", b"_since_bytes", "since_bytes", b"since_bytes"]  # noqa: Y015
         def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-        _ClearFieldArgType: _TypeAlias = _typing.Literal["framework_id", b"framework_id", "max_bytes", b"max_bytes", "stream", b"stream", "tail_lines", b"tail_lines", "task_id", b"task_id"]  # noqa: Y015
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["_since_bytes", b"_since_bytes", "framework_id", b"framework_id", "max_bytes", b"max_bytes", "since_bytes", b"since_bytes", "stream", b"stream", "tail_lines", b"tail_lines", "task_id", b"task_id"]  # noqa: Y015
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-        def WhichOneof(self, oneof_group: _Never) -> None: ...
+        _WhichOneofReturnType__since_bytes: _TypeAlias = _typing.Literal["since_bytes"]  # noqa: Y015
+        _WhichOneofArgType__since_bytes: _TypeAlias = _typing.Literal["_since_bytes", b"_since_bytes"]  # noqa: Y015
+        def WhichOneof(self, oneof_group: _WhichOneofArgType__since_bytes) -> _WhichOneofReturnType__since_bytes | None: ...
 
     @_typing.final
     class MarkAgentGone(_message.Message):
@@ -248,12 +256,15 @@ class OperatorEvent(_message.Message):
         DATA_FIELD_NUMBER: _builtins.int
         TRUNCATED_FIELD_NUMBER: _builtins.int
         ERROR_FIELD_NUMBER: _builtins.int
+        NEXT_OFFSET_FIELD_NUMBER: _builtins.int
         task_id: _builtins.str
         stream: _agent_pb2.LogStream.ValueType
         data: _builtins.bytes
         truncated: _builtins.bool
         error: _builtins.str
         """e.g. task unknown, agent unreachable"""
+        next_offset: _builtins.int
+        """with since_bytes: the offset after `data`"""
         def __init__(
             self,
             *,
@@ -262,10 +273,11 @@ class OperatorEvent(_message.Message):
             data: _builtins.bytes = ...,
             truncated: _builtins.bool = ...,
             error: _builtins.str = ...,
+            next_offset: _builtins.int = ...,
         ) -> None: ...
         _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
         def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-        _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "error", b"error", "stream", b"stream", "task_id", b"task_id", "truncated", b"truncated"]  # noqa: Y015
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "error", b"error", "next_offset", b"next_offset", "stream", b"stream", "task_id", b"task_id", "truncated", b"truncated"]  # noqa: Y015
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -51,7 +51,14 @@ from services.bus.log import get_logger
 from services.bus.mailbox import Mailbox
 from services.bus.peer import HeartbeatConfig, RouterServer
 from services.bus.reactor import Reactor
-from services.executor.runtime import LABEL_EXECUTOR, Logs, Stream, make_runtime, tail_file
+from services.executor.runtime import (
+    LABEL_EXECUTOR,
+    Logs,
+    Stream,
+    make_runtime,
+    read_file_from,
+    tail_file,
+)
 from services.procs import pid_alive
 from services.resources import Resources
 from services.shell.http import Deferred, Response, json_response, redacted
@@ -368,15 +375,17 @@ class AgentShell(ServiceKit):
         reply.request_id, reply.task_id, reply.stream = req.request_id, req.task_id, req.stream
         stream: Stream = "stderr" if req.stream == 2 else "stdout"
         limit = cmd.max_bytes  # capped by the core below the frame limit
+        since = req.since_bytes if req.HasField("since_bytes") else None  # follow mode
         try:
             handles = (self.runtime.find({LABEL_EXECUTOR: cmd.executor_id})
                        if cmd.executor_id else [])
             if handles:
-                logs: Logs = self.runtime.logs(handles[0], stream, req.tail_lines or None, limit)
-                reply.data, reply.truncated = logs.data, logs.truncated
+                logs: Logs = self.runtime.logs(handles[0], stream, req.tail_lines or None, limit,
+                                               since)
             else:
-                reply.data, reply.truncated = self._sandbox_logs(req.task_id, stream,
-                                                                 req.tail_lines, limit)
+                logs = self._sandbox_logs(req.task_id, stream, req.tail_lines, limit, since)
+            reply.data, reply.truncated, reply.next_offset = \
+                logs.data, logs.truncated, logs.next_offset
             reply.eof = True
         except Exception as exc:
             reply.error = str(exc)
@@ -386,8 +395,8 @@ class AgentShell(ServiceKit):
             return []
         return send
 
-    def _sandbox_logs(self, task_id: str, stream: str, tail_lines: int,
-                      limit: int) -> tuple[bytes, bool]:
+    def _sandbox_logs(self, task_id: str, stream: str, tail_lines: int, limit: int,
+                      since: int | None) -> Logs:
         sandboxes = sorted((self.config.work_dir / "sandboxes").glob(f"{task_id}.*"),
                            key=lambda p: p.stat().st_mtime)
         if not sandboxes:
@@ -395,8 +404,9 @@ class AgentShell(ServiceKit):
         path = sandboxes[-1] / stream
         if not path.exists():
             raise LookupError(f"task {task_id} left no {stream} (it may not have started)")
-        logs = tail_file(path, tail_lines or None, limit)  # never the whole file in memory
-        return logs.data, logs.truncated
+        if since is not None:
+            return read_file_from(path, since, limit)  # one seek, at most `limit` bytes
+        return tail_file(path, tail_lines or None, limit)  # never the whole file in memory
 
     # -- commands, by type ----------------------------------------------------------------
     def _run(self, cmds: list[Command]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import urllib.parse
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -11,8 +12,9 @@ from typing import Any
 from rich.console import Console
 
 from schemas import agent_pb2, operator_pb2
+from services import tasks as task_states
 from services.cli import chaos as chaos_cli
-from services.cli import cluster, lifecycle, trace, views, why
+from services.cli import cluster, follow, lifecycle, trace, views, why
 from services.cli.client import (
     DEFAULT_RUN_DIR,
     CliError,
@@ -246,6 +248,8 @@ def cmd_logs(args: argparse.Namespace) -> int:
     call.get_logs.stream = agent_pb2.LOG_STREAM_STDERR if args.stderr else \
         agent_pb2.LOG_STREAM_STDOUT
     call.get_logs.tail_lines = args.tail
+    if args.follow:
+        return _follow_logs(url, args, call)
     event = operator_call(leader, call, args.timeout)
     if event.logs.error:
         raise CliError(f"logs of {args.task}: {event.logs.error}")
@@ -253,6 +257,28 @@ def cmd_logs(args: argparse.Namespace) -> int:
     if event.logs.truncated:
         console.print("[yellow](truncated)[/]")
     return 0
+
+
+def _follow_logs(url: str, args: argparse.Namespace, call: operator_pb2.OperatorCall) -> int:
+    """`logs -f`: bounded GetLogs from the printed offset, every follow.POLL_S (services/cli/
+    follow.py); the task's state is read before each so its last bytes are never missed."""
+    call.get_logs.tail_lines = 0
+
+    def poll(offset: int) -> follow.Reply:
+        # Only the task's framework, without agents: a poll costs its framework, not the fleet.
+        query = urllib.parse.urlencode({"framework": call.get_logs.framework_id, "agents": 0})
+        leader, state = master_state(url, args.timeout, query)
+        status = _find_task(state, args.task).get("status", {})
+        ended = task_states.from_name(status.get("state", "")) in task_states.TERMINAL
+        call.get_logs.since_bytes = offset
+        logs = operator_call(leader, call, args.timeout).logs
+        if logs.error:
+            raise CliError(f"logs of {args.task}: {logs.error}")
+        return follow.Reply(logs.data, logs.next_offset, logs.truncated, ended)
+    try:
+        return follow.follow(poll, sys.stdout.buffer, sys.stderr)
+    except KeyboardInterrupt:
+        return 130
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -337,6 +363,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("task")
     p.add_argument("--stderr", action="store_true")
     p.add_argument("--tail", type=int, default=0, help="last N lines (0: all)")
+    p.add_argument("-f", "--follow", action="store_true",
+                   help="print new output as it comes, until the task ends (or Ctrl-C)")
     p.set_defaults(fn=cmd_logs)
     from services.cli import config_cmd  # `offerbus config check FILE`
 

@@ -36,6 +36,7 @@ from services.executor.runtime import (
     RuntimeFailure,
     Stream,
     clip_stream,
+    from_offset,
 )
 
 log = get_logger("executor.docker")
@@ -157,13 +158,19 @@ class DockerRuntime:
 
     # -- logs / find / remove ------------------------------------------------------------
     def logs(self, handle: Handle, stream: Stream, tail_lines: int | None = None,
-             max_bytes: int = 1 << 20) -> Logs:
-        """Streamed from the engine: only the wanted tail is ever held in memory."""
+             max_bytes: int = 1 << 20, since_bytes: int | None = None) -> Logs:
+        """Streamed from the engine: only the wanted tail is ever held in memory. With
+        `since_bytes` the stream is read from its start and the bytes before the offset are
+        dropped as they come (the engine offers no byte offset; memory stays bounded)."""
         try:
+            tail: int | str = "all" if tail_lines is None or since_bytes is not None \
+                else tail_lines + 1
             chunks = self.api.logs(handle.container_id, stdout=stream == "stdout",
                                    stderr=stream == "stderr", stream=True, follow=False,
-                                   tail="all" if tail_lines is None else tail_lines + 1)
+                                   tail=tail)
             try:
+                if since_bytes is not None:
+                    return from_offset(chunks, since_bytes, max_bytes)
                 return clip_stream(chunks, tail_lines, max_bytes)
             finally:
                 chunks.close()

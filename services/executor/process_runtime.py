@@ -28,6 +28,7 @@ from services.executor.runtime import (
     Logs,
     RuntimeFailure,
     Stream,
+    read_file_from,
     tail_file,
 )
 from services.procs import pid_alive, start_time
@@ -138,8 +139,11 @@ class ProcessRuntime:
 
     # -- logs / find / remove ------------------------------------------------------------
     def logs(self, handle: Handle, stream: Stream, tail_lines: int | None = None,
-             max_bytes: int = 1 << 20) -> Logs:
-        return tail_file(Path(handle.sandbox) / stream, tail_lines, max_bytes)
+             max_bytes: int = 1 << 20, since_bytes: int | None = None) -> Logs:
+        path = Path(handle.sandbox) / stream
+        if since_bytes is not None:
+            return read_file_from(path, since_bytes, max_bytes)
+        return tail_file(path, tail_lines, max_bytes)
 
     def find(self, labels: Mapping[str, str]) -> list[Handle]:
         found = []

@@ -122,6 +122,7 @@ class ExitInfo:
 class Logs:
     data: bytes
     truncated: bool  # True when older output was left out (tail_lines or max_bytes)
+    next_offset: int = 0  # from-offset reads (since_bytes): the byte offset after `data`
 
 
 EXEC_OUTPUT_BYTES = 4096  # what exec() keeps of a command's output (its last bytes)
@@ -160,7 +161,9 @@ class Runtime(Protocol):
         ...
 
     def logs(self, handle: Handle, stream: Stream, tail_lines: int | None = None,
-             max_bytes: int = 1 << 20) -> Logs:
+             max_bytes: int = 1 << 20, since_bytes: int | None = None) -> Logs:
+        """The tail of a stream; with `since_bytes`, at most `max_bytes` from that byte
+        offset on instead (follow mode; `tail_lines` ignored)."""
         ...
 
     def find(self, labels: Mapping[str, str]) -> list[Handle]:
@@ -231,6 +234,35 @@ def tail_file(path: str | os.PathLike[str], tail_lines: int | None, max_bytes: i
         return Logs(b"", False)
     out = clip(data, tail_lines, max_bytes)
     return Logs(out.data, out.truncated or start > 0)
+
+
+def from_offset(chunks: Iterable[bytes], since_bytes: int, max_bytes: int) -> Logs:
+    """At most `max_bytes` of a stream from byte `since_bytes` on; the chunks before it are
+    dropped as they come, so nothing more is held. `truncated`: more follows."""
+    pos, out, limit = 0, bytearray(), max(max_bytes, 0)
+    for chunk in chunks:
+        end = pos + len(chunk)
+        if end > since_bytes:
+            out += chunk[max(0, since_bytes - pos):]
+            if len(out) > limit:
+                del out[limit:]
+                return Logs(bytes(out), True, since_bytes + limit)
+        pos = end
+    # a stream shorter than the offset: nothing new yet, and the offset stays (never repeat)
+    return Logs(bytes(out), False, since_bytes + len(out))
+
+
+def read_file_from(path: str | os.PathLike[str], since_bytes: int, max_bytes: int) -> Logs:
+    """`from_offset` of a file: one seek and at most `max_bytes` + 1 bytes read."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(since_bytes)  # past the end: reads nothing, the offset stays
+            data = f.read(max(max_bytes, 0) + 1)
+    except OSError:
+        return Logs(b"", False, since_bytes)
+    more = len(data) > max_bytes
+    data = data[:max(max_bytes, 0)]
+    return Logs(data, more, since_bytes + len(data))
 
 
 def container_name(executor_id: str) -> str:

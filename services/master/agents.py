@@ -384,7 +384,8 @@ class AgentHandlers(AgentLiveness):
             del self.log_requests[reply.request_id]
         ev = operator_pb2.OperatorEvent(logs=operator_pb2.OperatorEvent.Logs(
             task_id=reply.task_id or req.task_id, stream=reply.stream or req.stream,
-            data=reply.data, truncated=reply.truncated, error=reply.error))
+            data=reply.data, truncated=reply.truncated, error=reply.error,
+            next_offset=reply.next_offset))
         return [ToOperator(req.peer, ev, req.message_id)]
 
 

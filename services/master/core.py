@@ -507,7 +507,8 @@ class MasterCore(AgentHandlers, FrameworkHandlers, RevocationHandlers):
             return [ToAgent(agent.peer, agent.agent_id, agent_pb2.AgentEvent(
                 logs_request=agent_pb2.AgentEvent.LogsRequest(
                     request_id=rid, framework_id=task.framework_id, task_id=g.task_id,
-                    stream=g.stream, tail_lines=g.tail_lines, max_bytes=g.max_bytes)))]
+                    stream=g.stream, tail_lines=g.tail_lines, max_bytes=g.max_bytes,
+                    since_bytes=g.since_bytes if g.HasField("since_bytes") else None)))]
         if kind == "mark_agent_gone":
             aid = call.mark_agent_gone.agent_id
             agent = self.agents.get(aid)
