@@ -61,6 +61,18 @@ class Follower:
 Poll = Callable[[int], Reply]  # since_bytes -> Reply; raises on a failed poll
 
 
+class CannotFollow(Exception):
+    """Not a passing failure: following cannot work (retrying would not help)."""
+
+
+def check_offsets(offset: int, data: bytes, next_offset: int, truncated: bool) -> None:
+    """An agent older than `logs -f` ignores since_bytes and answers the whole log without a
+    next_offset: say so instead of printing nothing forever."""
+    if data and not truncated and next_offset < offset + len(data):
+        raise CannotFollow("the task's agent cannot follow logs (it predates `logs -f`; "
+                           "upgrade it): use `offerbus logs` without -f")
+
+
 def follow(poll: Poll, out: BinaryIO, err: TextIO, interval: float = POLL_S,
            clock: Callable[[], float] = time.monotonic,
            wait: Callable[[float], object] | None = None) -> int:
@@ -73,6 +85,8 @@ def follow(poll: Poll, out: BinaryIO, err: TextIO, interval: float = POLL_S,
     while True:
         try:
             reply = poll(follower.offset)
+        except CannotFollow:
+            raise
         except Exception as exc:
             failures += 1
             if not failing:

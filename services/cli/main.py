@@ -274,9 +274,12 @@ def _follow_logs(url: str, args: argparse.Namespace, call: operator_pb2.Operator
         logs = operator_call(leader, call, args.timeout).logs
         if logs.error:
             raise CliError(f"logs of {args.task}: {logs.error}")
+        follow.check_offsets(offset, logs.data, logs.next_offset, logs.truncated)
         return follow.Reply(logs.data, logs.next_offset, logs.truncated, ended)
     try:
         return follow.follow(poll, sys.stdout.buffer, sys.stderr)
+    except follow.CannotFollow as exc:
+        raise CliError(f"logs of {args.task}: {exc}") from exc
     except KeyboardInterrupt:
         return 130
 

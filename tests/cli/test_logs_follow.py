@@ -5,7 +5,16 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from services.cli.follow import GIVE_UP_AFTER_END, Follower, Reply, follow
+import pytest
+
+from services.cli.follow import (
+    GIVE_UP_AFTER_END,
+    CannotFollow,
+    Follower,
+    Reply,
+    check_offsets,
+    follow,
+)
 from services.executor.runtime import from_offset, read_file_from
 
 
@@ -106,3 +115,21 @@ def test_follow_gives_up_when_an_ended_task_stays_unreadable() -> None:
     assert follow(poll, io.BytesIO(), err, clock=lambda: 0.0, wait=lambda s: None) == 1
     assert len(calls) == 1 + GIVE_UP_AFTER_END
     assert "giving up" in err.getvalue()
+
+
+def test_an_agent_that_ignores_offsets_is_said_once_not_retried_forever() -> None:
+    """Seen on a cluster whose agents predate `logs -f`: they answer the whole log with no
+    next_offset, and the CLI printed nothing, polling forever. It now says why and stops."""
+    polls: list[int] = []
+
+    def poll(offset: int) -> Reply:
+        polls.append(offset)
+        data, next_offset = b"hello\n" * 3, 0  # what an old agent answers
+        check_offsets(offset, data, next_offset, False)
+        return Reply(data, next_offset, False, False)
+
+    with pytest.raises(CannotFollow, match="predates"):
+        follow(poll, io.BytesIO(), io.StringIO(), wait=lambda s: None)
+    assert polls == [0]
+    check_offsets(0, b"", 0, False)  # an empty log is fine
+    check_offsets(6, b"abc", 9, False)  # and so is an agent that follows
