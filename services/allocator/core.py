@@ -12,8 +12,9 @@ from collections.abc import Iterable
 
 from services.allocator.cycle import visit
 from services.allocator.decide import decide
-from services.allocator.fill import Shape, add_into, next_unit, take_unit, usable
+from services.allocator.fill import Shape, add_into, next_unit
 from services.allocator.filters import DeclineFilters
+from services.allocator.invariants import check
 from services.allocator.model import (
     Agent,
     Allocation,
@@ -37,7 +38,7 @@ from services.allocator.quota import (
 from services.allocator.reclaim import Plan
 from services.allocator.reclaim import plan as plan_reclaims
 from services.allocator.reserved import as_held, follow_split, overlap, swap_for_use
-from services.allocator.sorter import DRFSorter, Sorter, role_path, scalar_vector
+from services.allocator.sorter import DRFSorter, Sorter, role_path
 from services.resources import MILLI, Resources
 
 DEFAULT_REFUSE_SECONDS = 5.0  # a decline without filters (DESIGN §4, as Mesos)
@@ -533,67 +534,8 @@ class AllocatorCore:
 
     # -- invariants --------------------------------------------------------------------
     def validate(self) -> None:
-        """Invariants, checked after every step in tests."""
-        held: dict[str, Resources] = {fid: Resources() for fid in self.frameworks}
-        for agent_id, agent in self.agents.items():
-            assert agent.agent_id == agent_id
-            for fid, r in (*agent.offered.items(), *agent.used.items()):
-                assert fid in self.frameworks, f"{agent_id}: unknown framework {fid}"
-                assert r, f"{agent_id}: empty entry for {fid}"
-                assert agent_id in self.frameworks[fid].agents
-                held[fid] += r
-            allocated = agent.allocated()
-            for r in (agent.total, agent.free, allocated):
-                assert all(v >= 0 for v in r.scalars.values()), f"{agent_id}: negative {r}"
-            assert agent.total.contains(allocated), f"{agent_id}: {allocated} > {agent.total}"
-            assert (allocated + agent.free).same(agent.total), (
-                f"{agent_id}: allocated {allocated} + free {agent.free} != {agent.total}")
-        total = Resources()
-        for agent in self.agents.values():
-            total += agent.total
-        assert dict(self.sorter.total) == scalar_vector(total), (self.sorter.total, total)
-        for fid, fw in self.frameworks.items():
-            assert fw.framework_id == fid
-            assert all(a in self.agents and (fid in self.agents[a].offered
-                                             or fid in self.agents[a].used)
-                       for a in fw.agents), f"{fid}: stale agents {fw.agents}"
-            assert dict(self.sorter.allocation(fid)) == scalar_vector(held[fid]), fid
-            offered = Resources.total(self.agents[a].offered[fid] for a in fw.agents
-                                      if fid in self.agents[a].offered)
-            assert fw.offered == (scalar_vector(offered) if fw.demands else {}), fid
-        assert self._declared == sum(1 for fw in self.frameworks.values() if fw.demands)
-        self.filters.validate(self.agents, self.frameworks)
-        self.sorter.validate()
-        self._validate_incremental()
-
-    def _validate_incremental(self) -> None:
-        """What makes skipping agents sound: an agent with allocatable free resources is
-        dirty or idle, and an idle one is refused by every eligible framework that is not
-        fresh (a filter in the table, expired or not, or nothing of its role)."""
-        assert self._dirty <= self.agents.keys() and self._idle <= self.agents.keys()
-        assert self._fresh <= self.frameworks.keys()
-        assert self._touched <= self.frameworks.keys()
-        assert self.decisions.keys() <= self.frameworks.keys()
-        for agent_id, agent in self.agents.items():
-            if agent_id in self._dirty or not self._allocatable(agent.free):
-                continue
-            assert agent_id in self._idle, f"{agent_id}: allocatable, neither dirty nor idle"
-            if self._guarded:  # refused for a guarantee, maybe: the next cycle visits it
-                continue
-            for fid, fw in self.frameworks.items():
-                if not fw.active or fw.suppressed or fid in self._fresh:
-                    continue
-                offer = usable(agent.free, fw.role)
-                if fw.demands and self._allocatable(offer):
-                    unit = next_unit(fw.demands, self.demand_held(fid, agent))
-                    take = None if unit is None else take_unit(offer, unit, fw.role)
-                    offer = NOTHING if take is None else take
-                if self.quotas.limited and self._allocatable(offer):
-                    offer = apply(self, fw, offer, None)[0] or NOTHING
-                flts = self.filters.on(agent_id).get(fid, ())
-                assert not self._allocatable(offer) or any(
-                    f.refuses(offer, -math.inf) for f in flts
-                ), f"idle {agent_id} would be offered to {fid}"
+        """Invariants, checked after every step in tests (invariants.py)."""
+        check(self)
 
 
 # -- resource helpers ------------------------------------------------------------------------

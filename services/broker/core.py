@@ -592,16 +592,7 @@ class BrokerCore:
         self.table.validate()
         for agent_id in self.table.by_agent:
             assert self._fits(agent_id, Resources(), pending=False), f"{agent_id} over-offered"
-        pending = self._launches.pending()
-        launching = [i for p in pending.values() for i in p.offer_ids]
-        assert len(launching) == len(set(launching)), "an offer in two launches"
-        assert set(launching) == {i for i, s in self.table.states.items()
-                                  if s is OfferState.LAUNCHING}
-        for p in pending.values():
-            assert all(self.table.offers[i].agent_id == p.agent_id
-                       and self.table.offers[i].framework_id == p.framework_id
-                       for i in p.offer_ids)
-        self._launches.validate()
+        self._launches.validate(self.table)
         assert self._launches.timeout == self.launch_timeout
         assert not self._held or not self._synced, "allocations held from a synced stream"
         assert len(self._held) <= self.max_held

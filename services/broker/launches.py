@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from services.broker.table import OfferState, OfferTable
 from services.resources import Resources
 
 Outcome = Literal["launched", "refused"]
@@ -166,8 +167,20 @@ class LaunchTracker:
         if not math.isinf(t.deadline):
             heapq.heappush(self._deadlines, (t.deadline, t.launch.request_id))
 
-    def validate(self) -> None:
-        """Invariants, checked after every step in tests."""
+    def validate(self, table: OfferTable | None = None) -> None:
+        """Invariants, checked after every step in tests; with the broker's `table`, also
+        that the launches and the LAUNCHING offers are the same, each in one launch of its
+        agent and framework."""
+        if table is not None:
+            pending = self.pending()
+            launching = [i for p in pending.values() for i in p.offer_ids]
+            assert len(launching) == len(set(launching)), "an offer in two launches"
+            assert set(launching) == {i for i, s in table.states.items()
+                                      if s is OfferState.LAUNCHING}
+            for p in pending.values():
+                assert all(table.offers[i].agent_id == p.agent_id
+                           and table.offers[i].framework_id == p.framework_id
+                           for i in p.offer_ids)
         index: dict[tuple[str, str], set[str]] = {}
         for rid, t in self._launches.items():
             for tid in t.unseen:
