@@ -11,6 +11,7 @@ import random
 import socket
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -67,8 +68,20 @@ def test_a_master_runs_where_its_config_file_says(zk_hosts: str, tmp_path: Path)
         assert info.endpoints["front"] == f"tcp://{HOST}:{front}"
         assert info.endpoints["http"] == f"http://{HOST}:{http_env}"
         assert all(e.split("://")[1].startswith(f"{HOST}:") for e in info.endpoints.values())
-        with urllib.request.urlopen(f"http://{HOST}:{http_env}/health", timeout=5) as r:
-            health = json.loads(r.read())
+        def health_when_leading() -> dict[str, object] | None:
+            # Elected is not yet leading: /health answers 503 until the reign has begun
+            # (seen once in CI, right after the election).
+            try:
+                with urllib.request.urlopen(f"http://{HOST}:{http_env}/health",
+                                            timeout=5) as r:
+                    return dict(json.loads(r.read()))
+            except urllib.error.HTTPError as exc:
+                if exc.code == 503:
+                    return None
+                raise
+
+        health = wait_for(health_when_leading, 30, message="the master never began leading")
+        assert health is not None
         assert health["leading"] is True and health["id"] == "from-flag"
         assert health["endpoints"] == info.endpoints
         assert refused("127.0.0.1", front) and refused("127.0.0.1", http_env)  # not bound
