@@ -24,6 +24,7 @@ from frameworks.sdk.driver import SchedulerDriver
 from frameworks.sdk.scheduler import MasterInfo, Scheduler
 from frameworks.spec import (
     ServiceSpec,
+    instance_of,
     parse_constraint,
 )
 from schemas import common_pb2
@@ -254,7 +255,7 @@ class ServiceScheduler(Scheduler):
         framework id (returned), and its instances as it last saw them, each to be
         reconciled. They count as placed meanwhile, so nothing is launched twice."""
         for key, t in dict(doc.get("tasks", {})).items():
-            index, attempt = _index_of(self.spec.name, str(t.get("task_id", "")))
+            index, attempt = instance_of(self.spec.name, str(t.get("task_id", "")))
             if index is None or index != int(key):
                 continue
             self.instances[index] = Instance(index, task_id=t["task_id"],
@@ -320,7 +321,7 @@ class ServiceScheduler(Scheduler):
         with self.lock:
             index = self.by_task.get(status.task_id)
             if index is None:
-                index, attempt = _index_of(self.spec.name, status.task_id)
+                index, attempt = instance_of(self.spec.name, status.task_id)
                 if index is None:
                     return
                 inst = self.instances.setdefault(index, Instance(index))
@@ -384,6 +385,13 @@ class ServiceScheduler(Scheduler):
     def set_instances(self, driver: SchedulerDriver, n: int) -> None:
         with self.lock:
             self.spec.instances = n
+        self.set_spec(driver, self.spec)
+
+    def set_spec(self, driver: SchedulerDriver, spec: ServiceSpec) -> None:
+        """A new spec (of the same name and role): its instances at once; its other fields
+        for the attempts started from now on (running instances are not replaced)."""
+        with self.lock:
+            self.spec = spec
             self._scale_down(driver)
             self._want_offers(driver)
         self._write_status()
@@ -420,29 +428,25 @@ class ServiceScheduler(Scheduler):
     def _write_status(self) -> None:
         if self.status_path is None:
             return
-        with self.lock:
-            doc = {"name": self.spec.name, "instances": self.spec.instances,
-                   "framework_id": self.framework_id,
-                   "states": Counter(i.state for i in self.instances.values()),
-                   "pending_reason": self.pending_reason, "restarts": self.restarts,
-                   "health_kills": self.health_kills, "removed": self.removed,
-                   "revoked": self.revoked_tasks,
-                   "tasks": {i.index: {"task_id": i.task_id, "state": i.state,
-                                       "host": i.hostname, "agent_id": i.agent_id,
-                                       "healthy": i.healthy}
-                             for i in self.instances.values()}}
+        doc = self.status()
         tmp = self.status_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(doc, indent=2, sort_keys=True))
         os.replace(tmp, self.status_path)
 
-
-def _index_of(name: str, task_id: str) -> tuple[int | None, int]:
-    """(instance index, attempt) of a task id `<name>-<index>-<attempt>`; (None, 0) if it
-    is not one of this service's."""
-    parts = task_id.rsplit("-", 2)
-    if len(parts) == 3 and parts[0] == name and parts[1].isdigit() and parts[2].isdigit():
-        return int(parts[1]), int(parts[2])
-    return None, 0
+    def status(self) -> dict[str, Any]:
+        """What the status file holds (and the job runner's /jobs shows): the framework id,
+        each instance's task, state and host, what is pending and why."""
+        with self.lock:
+            return {"name": self.spec.name, "instances": self.spec.instances,
+                    "framework_id": self.framework_id,
+                    "states": Counter(i.state for i in self.instances.values()),
+                    "pending_reason": self.pending_reason, "restarts": self.restarts,
+                    "health_kills": self.health_kills, "removed": self.removed,
+                    "revoked": self.revoked_tasks,
+                    "tasks": {i.index: {"task_id": i.task_id, "state": i.state,
+                                        "host": i.hostname, "agent_id": i.agent_id,
+                                        "healthy": i.healthy}
+                              for i in self.instances.values()}}
 
 
 def framework_info(spec: ServiceSpec, failover_timeout: float,

@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,38 @@ class ServiceSpec:
             raise ValueError("--health-http checks the first published port: give --port")
         if self.health_interval_s <= 0 or self.health_failures < 0:
             raise ValueError("health interval must be > 0 and failures >= 0")
+
+
+def instance_of(name: str, task_id: str) -> tuple[int | None, int]:
+    """(instance index, attempt) of a service's task id `<name>-<index>-<attempt>`; (None, 0)
+    if it is not one of service `name`'s."""
+    parts = task_id.rsplit("-", 2)
+    if len(parts) == 3 and parts[0] == name and parts[1].isdigit() and parts[2].isdigit():
+        return int(parts[1]), int(parts[2])
+    return None, 0
+
+
+def spec_from_doc(doc: Mapping[str, Any]) -> ServiceSpec:
+    """A spec from its JSON document (a spec file, a job's record): numbers a JSON round
+    trip made floats become the ints the fields hold. ValueError, naming the problem, on an
+    unknown or missing field or a bad value."""
+    known = {f.name: f for f in fields(ServiceSpec)}
+    unknown = sorted(set(doc) - set(known))
+    if unknown:
+        raise ValueError(f"unknown spec field(s) {', '.join(unknown)}")
+    values = dict(doc)
+    for key in ("instances", "health_failures"):
+        if isinstance(values.get(key), float) and float(values[key]).is_integer():
+            values[key] = int(values[key])
+    if isinstance(values.get("ports"), list):
+        values["ports"] = [int(p) if isinstance(p, float) and p.is_integer() else p
+                           for p in values["ports"]]
+    try:
+        spec = ServiceSpec(**values)
+    except TypeError as exc:
+        raise ValueError(str(exc)) from None
+    spec.check()
+    return spec
 
 
 def parse_constraint(text: str) -> tuple[str, str]:

@@ -24,33 +24,38 @@ _sym_db = _symbol_database.Default()
 
 from schemas import agent_pb2 as schemas_dot_agent__pb2
 from schemas import common_pb2 as schemas_dot_common__pb2
+from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16schemas/operator.proto\x12\x0bofferbus.v1\x1a\x13schemas/agent.proto\x1a\x14schemas/common.proto\"\x85\x07\n\x0cOperatorCall\x12\x37\n\tkill_task\x18\x01 \x01(\x0b\x32\".offerbus.v1.OperatorCall.KillTaskH\x00\x12\x35\n\x08get_logs\x18\x02 \x01(\x0b\x32!.offerbus.v1.OperatorCall.GetLogsH\x00\x12\x42\n\x0fmark_agent_gone\x18\x03 \x01(\x0b\x32\'.offerbus.v1.OperatorCall.MarkAgentGoneH\x00\x12\x39\n\nset_weight\x18\x04 \x01(\x0b\x32#.offerbus.v1.OperatorCall.SetWeightH\x00\x12I\n\x12teardown_framework\x18\x05 \x01(\x0b\x32+.offerbus.v1.OperatorCall.TeardownFrameworkH\x00\x12\x37\n\tset_quota\x18\x06 \x01(\x0b\x32\".offerbus.v1.OperatorCall.SetQuotaH\x00\x1ak\n\x08KillTask\x12\x14\n\x0c\x66ramework_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12 \n\x13kill_grace_period_s\x18\x03 \x01(\x01H\x00\x88\x01\x01\x42\x16\n\x14_kill_grace_period_s\x1a\xa9\x01\n\x07GetLogs\x12\x14\n\x0c\x66ramework_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12&\n\x06stream\x18\x03 \x01(\x0e\x32\x16.offerbus.v1.LogStream\x12\x12\n\ntail_lines\x18\x04 \x01(\r\x12\x11\n\tmax_bytes\x18\x05 \x01(\r\x12\x18\n\x0bsince_bytes\x18\x06 \x01(\x04H\x00\x88\x01\x01\x42\x0e\n\x0c_since_bytes\x1a!\n\rMarkAgentGone\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x1a)\n\tSetWeight\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0e\n\x06weight\x18\x02 \x01(\x01\x1ah\n\x08SetQuota\x12\x0c\n\x04role\x18\x01 \x01(\t\x12(\n\tguarantee\x18\x02 \x03(\x0b\x32\x15.offerbus.v1.Resource\x12$\n\x05limit\x18\x03 \x03(\x0b\x32\x15.offerbus.v1.Resource\x1a)\n\x11TeardownFramework\x12\x14\n\x0c\x66ramework_id\x18\x01 \x01(\tB\x06\n\x04\x63\x61ll\"\x9a\x02\n\rOperatorEvent\x12/\n\x04\x64one\x18\x01 \x01(\x0b\x32\x1f.offerbus.v1.OperatorEvent.DoneH\x00\x12/\n\x04logs\x18\x02 \x01(\x0b\x32\x1f.offerbus.v1.OperatorEvent.LogsH\x00\x1a\x17\n\x04\x44one\x12\x0f\n\x07message\x18\x01 \x01(\t\x1a\x84\x01\n\x04Logs\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12&\n\x06stream\x18\x02 \x01(\x0e\x32\x16.offerbus.v1.LogStream\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x11\n\ttruncated\x18\x04 \x01(\x08\x12\r\n\x05\x65rror\x18\x05 \x01(\t\x12\x13\n\x0bnext_offset\x18\x06 \x01(\x04\x42\x07\n\x05\x65ventb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16schemas/operator.proto\x12\x0bofferbus.v1\x1a\x13schemas/agent.proto\x1a\x14schemas/common.proto\x1a\x1cgoogle/protobuf/struct.proto\"\xe6\x08\n\x0cOperatorCall\x12\x37\n\tkill_task\x18\x01 \x01(\x0b\x32\".offerbus.v1.OperatorCall.KillTaskH\x00\x12\x35\n\x08get_logs\x18\x02 \x01(\x0b\x32!.offerbus.v1.OperatorCall.GetLogsH\x00\x12\x42\n\x0fmark_agent_gone\x18\x03 \x01(\x0b\x32\'.offerbus.v1.OperatorCall.MarkAgentGoneH\x00\x12\x39\n\nset_weight\x18\x04 \x01(\x0b\x32#.offerbus.v1.OperatorCall.SetWeightH\x00\x12I\n\x12teardown_framework\x18\x05 \x01(\x0b\x32+.offerbus.v1.OperatorCall.TeardownFrameworkH\x00\x12\x37\n\tset_quota\x18\x06 \x01(\x0b\x32\".offerbus.v1.OperatorCall.SetQuotaH\x00\x12\x39\n\nsubmit_job\x18\x07 \x01(\x0b\x32#.offerbus.v1.OperatorCall.SubmitJobH\x00\x12\x39\n\nremove_job\x18\x08 \x01(\x0b\x32#.offerbus.v1.OperatorCall.RemoveJobH\x00\x1ak\n\x08KillTask\x12\x14\n\x0c\x66ramework_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12 \n\x13kill_grace_period_s\x18\x03 \x01(\x01H\x00\x88\x01\x01\x42\x16\n\x14_kill_grace_period_s\x1a\xa9\x01\n\x07GetLogs\x12\x14\n\x0c\x66ramework_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12&\n\x06stream\x18\x03 \x01(\x0e\x32\x16.offerbus.v1.LogStream\x12\x12\n\ntail_lines\x18\x04 \x01(\r\x12\x11\n\tmax_bytes\x18\x05 \x01(\r\x12\x18\n\x0bsince_bytes\x18\x06 \x01(\x04H\x00\x88\x01\x01\x42\x0e\n\x0c_since_bytes\x1a!\n\rMarkAgentGone\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x1a)\n\tSetWeight\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0e\n\x06weight\x18\x02 \x01(\x01\x1ah\n\x08SetQuota\x12\x0c\n\x04role\x18\x01 \x01(\t\x12(\n\tguarantee\x18\x02 \x03(\x0b\x32\x15.offerbus.v1.Resource\x12$\n\x05limit\x18\x03 \x03(\x0b\x32\x15.offerbus.v1.Resource\x1a)\n\x11TeardownFramework\x12\x14\n\x0c\x66ramework_id\x18\x01 \x01(\t\x1aN\n\tSubmitJob\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12%\n\x04spec\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x1a\x19\n\tRemoveJob\x12\x0c\n\x04name\x18\x01 \x01(\tB\x06\n\x04\x63\x61ll\"\x9a\x02\n\rOperatorEvent\x12/\n\x04\x64one\x18\x01 \x01(\x0b\x32\x1f.offerbus.v1.OperatorEvent.DoneH\x00\x12/\n\x04logs\x18\x02 \x01(\x0b\x32\x1f.offerbus.v1.OperatorEvent.LogsH\x00\x1a\x17\n\x04\x44one\x12\x0f\n\x07message\x18\x01 \x01(\t\x1a\x84\x01\n\x04Logs\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12&\n\x06stream\x18\x02 \x01(\x0e\x32\x16.offerbus.v1.LogStream\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x11\n\ttruncated\x18\x04 \x01(\x08\x12\r\n\x05\x65rror\x18\x05 \x01(\t\x12\x13\n\x0bnext_offset\x18\x06 \x01(\x04\x42\x07\n\x05\x65ventb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'schemas.operator_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_OPERATORCALL']._serialized_start=83
-  _globals['_OPERATORCALL']._serialized_end=984
-  _globals['_OPERATORCALL_KILLTASK']._serialized_start=470
-  _globals['_OPERATORCALL_KILLTASK']._serialized_end=577
-  _globals['_OPERATORCALL_GETLOGS']._serialized_start=580
-  _globals['_OPERATORCALL_GETLOGS']._serialized_end=749
-  _globals['_OPERATORCALL_MARKAGENTGONE']._serialized_start=751
-  _globals['_OPERATORCALL_MARKAGENTGONE']._serialized_end=784
-  _globals['_OPERATORCALL_SETWEIGHT']._serialized_start=786
-  _globals['_OPERATORCALL_SETWEIGHT']._serialized_end=827
-  _globals['_OPERATORCALL_SETQUOTA']._serialized_start=829
-  _globals['_OPERATORCALL_SETQUOTA']._serialized_end=933
-  _globals['_OPERATORCALL_TEARDOWNFRAMEWORK']._serialized_start=935
-  _globals['_OPERATORCALL_TEARDOWNFRAMEWORK']._serialized_end=976
-  _globals['_OPERATOREVENT']._serialized_start=987
-  _globals['_OPERATOREVENT']._serialized_end=1269
-  _globals['_OPERATOREVENT_DONE']._serialized_start=1102
-  _globals['_OPERATOREVENT_DONE']._serialized_end=1125
-  _globals['_OPERATOREVENT_LOGS']._serialized_start=1128
-  _globals['_OPERATOREVENT_LOGS']._serialized_end=1260
+  _globals['_OPERATORCALL']._serialized_start=113
+  _globals['_OPERATORCALL']._serialized_end=1239
+  _globals['_OPERATORCALL_KILLTASK']._serialized_start=618
+  _globals['_OPERATORCALL_KILLTASK']._serialized_end=725
+  _globals['_OPERATORCALL_GETLOGS']._serialized_start=728
+  _globals['_OPERATORCALL_GETLOGS']._serialized_end=897
+  _globals['_OPERATORCALL_MARKAGENTGONE']._serialized_start=899
+  _globals['_OPERATORCALL_MARKAGENTGONE']._serialized_end=932
+  _globals['_OPERATORCALL_SETWEIGHT']._serialized_start=934
+  _globals['_OPERATORCALL_SETWEIGHT']._serialized_end=975
+  _globals['_OPERATORCALL_SETQUOTA']._serialized_start=977
+  _globals['_OPERATORCALL_SETQUOTA']._serialized_end=1081
+  _globals['_OPERATORCALL_TEARDOWNFRAMEWORK']._serialized_start=1083
+  _globals['_OPERATORCALL_TEARDOWNFRAMEWORK']._serialized_end=1124
+  _globals['_OPERATORCALL_SUBMITJOB']._serialized_start=1126
+  _globals['_OPERATORCALL_SUBMITJOB']._serialized_end=1204
+  _globals['_OPERATORCALL_REMOVEJOB']._serialized_start=1206
+  _globals['_OPERATORCALL_REMOVEJOB']._serialized_end=1231
+  _globals['_OPERATOREVENT']._serialized_start=1242
+  _globals['_OPERATOREVENT']._serialized_end=1524
+  _globals['_OPERATOREVENT_DONE']._serialized_start=1357
+  _globals['_OPERATOREVENT_DONE']._serialized_end=1380
+  _globals['_OPERATOREVENT_LOGS']._serialized_start=1383
+  _globals['_OPERATOREVENT_LOGS']._serialized_end=1515
 # @@protoc_insertion_point(module_scope)

@@ -8,6 +8,7 @@ framework. Reads go through the master's /state and the state stream instead.
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf.internal import containers as _containers
 from schemas import agent_pb2 as _agent_pb2
 from schemas import common_pb2 as _common_pb2
@@ -186,12 +187,68 @@ class OperatorCall(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class SubmitJob(_message.Message):
+        """Submit a job (`offerbus job run FILE`): a long-running service the cluster's job runner
+        keeps running (frameworks/jobrunner), whoever submitted it and wherever from. A job of
+        that name is replaced (a new version), by its own principal only; its role never changes.
+        """
+
+        DESCRIPTOR: _descriptor.Descriptor
+
+        NAME_FIELD_NUMBER: _builtins.int
+        ROLE_FIELD_NUMBER: _builtins.int
+        SPEC_FIELD_NUMBER: _builtins.int
+        name: _builtins.str
+        role: _builtins.str
+        @_builtins.property
+        def spec(self) -> _struct_pb2.Struct:
+            """The service's spec (frameworks/spec.py ServiceSpec fields); its name and role are the
+            job's. Environment values are redacted wherever the record is shown.
+            """
+
+        def __init__(
+            self,
+            *,
+            name: _builtins.str = ...,
+            role: _builtins.str = ...,
+            spec: _struct_pb2.Struct | None = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "role", b"role", "spec", b"spec"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class RemoveJob(_message.Message):
+        """Remove a job (`offerbus job stop NAME`): its record, and the framework the job runner
+        registered for it with every task of that framework.
+        """
+
+        DESCRIPTOR: _descriptor.Descriptor
+
+        NAME_FIELD_NUMBER: _builtins.int
+        name: _builtins.str
+        def __init__(
+            self,
+            *,
+            name: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     KILL_TASK_FIELD_NUMBER: _builtins.int
     GET_LOGS_FIELD_NUMBER: _builtins.int
     MARK_AGENT_GONE_FIELD_NUMBER: _builtins.int
     SET_WEIGHT_FIELD_NUMBER: _builtins.int
     TEARDOWN_FRAMEWORK_FIELD_NUMBER: _builtins.int
     SET_QUOTA_FIELD_NUMBER: _builtins.int
+    SUBMIT_JOB_FIELD_NUMBER: _builtins.int
+    REMOVE_JOB_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def kill_task(self) -> Global___OperatorCall.KillTask: ...
     @_builtins.property
@@ -204,6 +261,10 @@ class OperatorCall(_message.Message):
     def teardown_framework(self) -> Global___OperatorCall.TeardownFramework: ...
     @_builtins.property
     def set_quota(self) -> Global___OperatorCall.SetQuota: ...
+    @_builtins.property
+    def submit_job(self) -> Global___OperatorCall.SubmitJob: ...
+    @_builtins.property
+    def remove_job(self) -> Global___OperatorCall.RemoveJob: ...
     def __init__(
         self,
         *,
@@ -213,12 +274,14 @@ class OperatorCall(_message.Message):
         set_weight: Global___OperatorCall.SetWeight | None = ...,
         teardown_framework: Global___OperatorCall.TeardownFramework | None = ...,
         set_quota: Global___OperatorCall.SetQuota | None = ...,
+        submit_job: Global___OperatorCall.SubmitJob | None = ...,
+        remove_job: Global___OperatorCall.RemoveJob | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "get_logs", b"get_logs", "kill_task", b"kill_task", "mark_agent_gone", b"mark_agent_gone", "set_quota", b"set_quota", "set_weight", b"set_weight", "teardown_framework", b"teardown_framework"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "get_logs", b"get_logs", "kill_task", b"kill_task", "mark_agent_gone", b"mark_agent_gone", "remove_job", b"remove_job", "set_quota", b"set_quota", "set_weight", b"set_weight", "submit_job", b"submit_job", "teardown_framework", b"teardown_framework"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "get_logs", b"get_logs", "kill_task", b"kill_task", "mark_agent_gone", b"mark_agent_gone", "set_quota", b"set_quota", "set_weight", b"set_weight", "teardown_framework", b"teardown_framework"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "get_logs", b"get_logs", "kill_task", b"kill_task", "mark_agent_gone", b"mark_agent_gone", "remove_job", b"remove_job", "set_quota", b"set_quota", "set_weight", b"set_weight", "submit_job", b"submit_job", "teardown_framework", b"teardown_framework"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_call: _TypeAlias = _typing.Literal["kill_task", "get_logs", "mark_agent_gone", "set_weight", "teardown_framework", "set_quota"]  # noqa: Y015
+    _WhichOneofReturnType_call: _TypeAlias = _typing.Literal["kill_task", "get_logs", "mark_agent_gone", "set_weight", "teardown_framework", "set_quota", "submit_job", "remove_job"]  # noqa: Y015
     _WhichOneofArgType_call: _TypeAlias = _typing.Literal["call", b"call"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_call) -> _WhichOneofReturnType_call | None: ...
 

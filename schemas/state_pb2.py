@@ -24,27 +24,30 @@ _sym_db = _symbol_database.Default()
 
 from schemas import common_pb2 as schemas_dot_common__pb2
 from schemas import internal_pb2 as schemas_dot_internal__pb2
+from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13schemas/state.proto\x12\x0bofferbus.v1\x1a\x14schemas/common.proto\x1a\x16schemas/internal.proto\"\xa5\x02\n\nStateValue\x12)\n\x05\x61gent\x18\x01 \x01(\x0b\x32\x18.offerbus.v1.AgentRecordH\x00\x12\x31\n\tframework\x18\x02 \x01(\x0b\x32\x1c.offerbus.v1.FrameworkRecordH\x00\x12\'\n\x04task\x18\x03 \x01(\x0b\x32\x17.offerbus.v1.TaskRecordH\x00\x12\'\n\x04role\x18\x04 \x01(\x0b\x32\x17.offerbus.v1.RoleRecordH\x00\x12+\n\x06leader\x18\x05 \x01(\x0b\x32\x19.offerbus.v1.LeaderRecordH\x00\x12\x32\n\x08\x64\x65\x63ision\x18\x06 \x01(\x0b\x32\x1e.offerbus.v1.AllocatorDecisionH\x00\x42\x06\n\x04kind\"\xfd\x02\n\x0b\x41gentRecord\x12*\n\nagent_info\x18\x01 \x01(\x0b\x32\x16.offerbus.v1.AgentInfo\x12/\n\x06status\x18\x02 \x01(\x0e\x32\x1f.offerbus.v1.AgentRecord.Status\x12-\n\x0eused_resources\x18\x03 \x03(\x0b\x32\x15.offerbus.v1.Resource\x12\x18\n\x10registered_at_us\x18\x04 \x01(\x03\x12\x14\n\x0clast_seen_us\x18\x05 \x01(\x03\x12\x1c\n\x14unreachable_since_us\x18\x06 \x01(\x03\"\x93\x01\n\x06Status\x12\x1c\n\x18\x41GENT_STATUS_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x41GENT_STATUS_REGISTERED\x10\x01\x12\x1c\n\x18\x41GENT_STATUS_UNREACHABLE\x10\x02\x12\x15\n\x11\x41GENT_STATUS_GONE\x10\x03\x12\x19\n\x15\x41GENT_STATUS_DRAINING\x10\x04\"\xaf\x02\n\x0f\x46rameworkRecord\x12\x32\n\x0e\x66ramework_info\x18\x01 \x01(\x0b\x32\x1a.offerbus.v1.FrameworkInfo\x12\x11\n\tconnected\x18\x02 \x01(\x08\x12\x18\n\x10registered_at_us\x18\x03 \x01(\x03\x12\x1a\n\x12\x64isconnected_at_us\x18\x04 \x01(\x03\x12\x18\n\x10suppressed_roles\x18\x05 \x03(\t\x12\x30\n\x11offered_resources\x18\x06 \x03(\x0b\x32\x15.offerbus.v1.Resource\x12-\n\x0eused_resources\x18\x07 \x03(\x0b\x32\x15.offerbus.v1.Resource\x12$\n\x07\x64\x65mands\x18\x08 \x03(\x0b\x32\x13.offerbus.v1.Demand\"\xc7\x01\n\nTaskRecord\x12\x14\n\x0c\x66ramework_id\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12(\n\ttask_info\x18\x03 \x01(\x0b\x32\x15.offerbus.v1.TaskInfo\x12\'\n\x06status\x18\x04 \x01(\x0b\x32\x17.offerbus.v1.TaskStatus\x12\x16\n\x0elaunched_at_us\x18\x05 \x01(\x03\x12\x13\n\x0btraceparent\x18\x06 \x01(\t\x12\x11\n\toffer_ids\x18\x07 \x03(\t\"\x86\x01\n\nRoleRecord\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0e\n\x06weight\x18\x02 \x01(\x01\x12.\n\x0fquota_guarantee\x18\x03 \x03(\x0b\x32\x15.offerbus.v1.Resource\x12*\n\x0bquota_limit\x18\x04 \x03(\x0b\x32\x15.offerbus.v1.Resource\"j\n\x0cLeaderRecord\x12\x0f\n\x07service\x18\x01 \x01(\t\x12\x11\n\tleader_id\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x10\n\x08\x65ndpoint\x18\x04 \x01(\t\x12\x15\n\relected_at_us\x18\x05 \x01(\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13schemas/state.proto\x12\x0bofferbus.v1\x1a\x14schemas/common.proto\x1a\x16schemas/internal.proto\x1a\x1cgoogle/protobuf/struct.proto\"\xcc\x02\n\nStateValue\x12)\n\x05\x61gent\x18\x01 \x01(\x0b\x32\x18.offerbus.v1.AgentRecordH\x00\x12\x31\n\tframework\x18\x02 \x01(\x0b\x32\x1c.offerbus.v1.FrameworkRecordH\x00\x12\'\n\x04task\x18\x03 \x01(\x0b\x32\x17.offerbus.v1.TaskRecordH\x00\x12\'\n\x04role\x18\x04 \x01(\x0b\x32\x17.offerbus.v1.RoleRecordH\x00\x12+\n\x06leader\x18\x05 \x01(\x0b\x32\x19.offerbus.v1.LeaderRecordH\x00\x12\x32\n\x08\x64\x65\x63ision\x18\x06 \x01(\x0b\x32\x1e.offerbus.v1.AllocatorDecisionH\x00\x12%\n\x03job\x18\x07 \x01(\x0b\x32\x16.offerbus.v1.JobRecordH\x00\x42\x06\n\x04kind\"\xfd\x02\n\x0b\x41gentRecord\x12*\n\nagent_info\x18\x01 \x01(\x0b\x32\x16.offerbus.v1.AgentInfo\x12/\n\x06status\x18\x02 \x01(\x0e\x32\x1f.offerbus.v1.AgentRecord.Status\x12-\n\x0eused_resources\x18\x03 \x03(\x0b\x32\x15.offerbus.v1.Resource\x12\x18\n\x10registered_at_us\x18\x04 \x01(\x03\x12\x14\n\x0clast_seen_us\x18\x05 \x01(\x03\x12\x1c\n\x14unreachable_since_us\x18\x06 \x01(\x03\"\x93\x01\n\x06Status\x12\x1c\n\x18\x41GENT_STATUS_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x41GENT_STATUS_REGISTERED\x10\x01\x12\x1c\n\x18\x41GENT_STATUS_UNREACHABLE\x10\x02\x12\x15\n\x11\x41GENT_STATUS_GONE\x10\x03\x12\x19\n\x15\x41GENT_STATUS_DRAINING\x10\x04\"\xaf\x02\n\x0f\x46rameworkRecord\x12\x32\n\x0e\x66ramework_info\x18\x01 \x01(\x0b\x32\x1a.offerbus.v1.FrameworkInfo\x12\x11\n\tconnected\x18\x02 \x01(\x08\x12\x18\n\x10registered_at_us\x18\x03 \x01(\x03\x12\x1a\n\x12\x64isconnected_at_us\x18\x04 \x01(\x03\x12\x18\n\x10suppressed_roles\x18\x05 \x03(\t\x12\x30\n\x11offered_resources\x18\x06 \x03(\x0b\x32\x15.offerbus.v1.Resource\x12-\n\x0eused_resources\x18\x07 \x03(\x0b\x32\x15.offerbus.v1.Resource\x12$\n\x07\x64\x65mands\x18\x08 \x03(\x0b\x32\x13.offerbus.v1.Demand\"\xc7\x01\n\nTaskRecord\x12\x14\n\x0c\x66ramework_id\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12(\n\ttask_info\x18\x03 \x01(\x0b\x32\x15.offerbus.v1.TaskInfo\x12\'\n\x06status\x18\x04 \x01(\x0b\x32\x17.offerbus.v1.TaskStatus\x12\x16\n\x0elaunched_at_us\x18\x05 \x01(\x03\x12\x13\n\x0btraceparent\x18\x06 \x01(\t\x12\x11\n\toffer_ids\x18\x07 \x03(\t\"\x86\x01\n\nRoleRecord\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0e\n\x06weight\x18\x02 \x01(\x01\x12.\n\x0fquota_guarantee\x18\x03 \x03(\x0b\x32\x15.offerbus.v1.Resource\x12*\n\x0bquota_limit\x18\x04 \x03(\x0b\x32\x15.offerbus.v1.Resource\"j\n\x0cLeaderRecord\x12\x0f\n\x07service\x18\x01 \x01(\t\x12\x11\n\tleader_id\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x10\n\x08\x65ndpoint\x18\x04 \x01(\t\x12\x15\n\relected_at_us\x18\x05 \x01(\x03\"\xa2\x01\n\tJobRecord\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x11\n\tprincipal\x18\x03 \x01(\t\x12%\n\x04spec\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x0f\n\x07version\x18\x05 \x01(\x04\x12\x17\n\x0fsubmitted_at_us\x18\x06 \x01(\x03\x12\x15\n\rupdated_at_us\x18\x07 \x01(\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'schemas.state_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_STATEVALUE']._serialized_start=83
-  _globals['_STATEVALUE']._serialized_end=376
-  _globals['_AGENTRECORD']._serialized_start=379
-  _globals['_AGENTRECORD']._serialized_end=760
-  _globals['_AGENTRECORD_STATUS']._serialized_start=613
-  _globals['_AGENTRECORD_STATUS']._serialized_end=760
-  _globals['_FRAMEWORKRECORD']._serialized_start=763
-  _globals['_FRAMEWORKRECORD']._serialized_end=1066
-  _globals['_TASKRECORD']._serialized_start=1069
-  _globals['_TASKRECORD']._serialized_end=1268
-  _globals['_ROLERECORD']._serialized_start=1271
-  _globals['_ROLERECORD']._serialized_end=1405
-  _globals['_LEADERRECORD']._serialized_start=1407
-  _globals['_LEADERRECORD']._serialized_end=1513
+  _globals['_STATEVALUE']._serialized_start=113
+  _globals['_STATEVALUE']._serialized_end=445
+  _globals['_AGENTRECORD']._serialized_start=448
+  _globals['_AGENTRECORD']._serialized_end=829
+  _globals['_AGENTRECORD_STATUS']._serialized_start=682
+  _globals['_AGENTRECORD_STATUS']._serialized_end=829
+  _globals['_FRAMEWORKRECORD']._serialized_start=832
+  _globals['_FRAMEWORKRECORD']._serialized_end=1135
+  _globals['_TASKRECORD']._serialized_start=1138
+  _globals['_TASKRECORD']._serialized_end=1337
+  _globals['_ROLERECORD']._serialized_start=1340
+  _globals['_ROLERECORD']._serialized_end=1474
+  _globals['_LEADERRECORD']._serialized_start=1476
+  _globals['_LEADERRECORD']._serialized_end=1582
+  _globals['_JOBRECORD']._serialized_start=1585
+  _globals['_JOBRECORD']._serialized_end=1747
 # @@protoc_insertion_point(module_scope)

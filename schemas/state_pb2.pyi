@@ -8,6 +8,7 @@ frameworks, tasks, roles, service leaders, and the allocator's latest decisions.
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from schemas import common_pb2 as _common_pb2
@@ -32,6 +33,7 @@ class StateValue(_message.Message):
       roles/<role>                       RoleRecord
       leaders/<service>                  LeaderRecord
       decisions/<framework_id>           AllocatorDecision (latest)
+      jobs/<name>                        JobRecord
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -42,6 +44,7 @@ class StateValue(_message.Message):
     ROLE_FIELD_NUMBER: _builtins.int
     LEADER_FIELD_NUMBER: _builtins.int
     DECISION_FIELD_NUMBER: _builtins.int
+    JOB_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def agent(self) -> Global___AgentRecord: ...
     @_builtins.property
@@ -54,6 +57,8 @@ class StateValue(_message.Message):
     def leader(self) -> Global___LeaderRecord: ...
     @_builtins.property
     def decision(self) -> _internal_pb2.AllocatorDecision: ...
+    @_builtins.property
+    def job(self) -> Global___JobRecord: ...
     def __init__(
         self,
         *,
@@ -63,12 +68,13 @@ class StateValue(_message.Message):
         role: Global___RoleRecord | None = ...,
         leader: Global___LeaderRecord | None = ...,
         decision: _internal_pb2.AllocatorDecision | None = ...,
+        job: Global___JobRecord | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "decision", b"decision", "framework", b"framework", "kind", b"kind", "leader", b"leader", "role", b"role", "task", b"task"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "decision", b"decision", "framework", b"framework", "job", b"job", "kind", b"kind", "leader", b"leader", "role", b"role", "task", b"task"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "decision", b"decision", "framework", b"framework", "kind", b"kind", "leader", b"leader", "role", b"role", "task", b"task"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "decision", b"decision", "framework", b"framework", "job", b"job", "kind", b"kind", "leader", b"leader", "role", b"role", "task", b"task"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["agent", "framework", "task", "role", "leader", "decision"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["agent", "framework", "task", "role", "leader", "decision", "job"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
@@ -309,3 +315,49 @@ class LeaderRecord(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___LeaderRecord: _TypeAlias = LeaderRecord  # noqa: Y015
+
+@_typing.final
+class JobRecord(_message.Message):
+    """A job an operator submitted (OperatorCall.SubmitJob), kept in the registry: what the job
+    runner (frameworks/jobrunner) keeps running, as a framework labelled offerbus.job=<name>.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    ROLE_FIELD_NUMBER: _builtins.int
+    PRINCIPAL_FIELD_NUMBER: _builtins.int
+    SPEC_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    SUBMITTED_AT_US_FIELD_NUMBER: _builtins.int
+    UPDATED_AT_US_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    role: _builtins.str
+    principal: _builtins.str
+    """Who submitted it (its CURVE key's principal; "" without CURVE): only it may replace or
+    remove the job.
+    """
+    version: _builtins.int
+    """1 at the first submission, +1 at each replacement."""
+    submitted_at_us: _builtins.int
+    updated_at_us: _builtins.int
+    @_builtins.property
+    def spec(self) -> _struct_pb2.Struct: ...
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        role: _builtins.str = ...,
+        principal: _builtins.str = ...,
+        spec: _struct_pb2.Struct | None = ...,
+        version: _builtins.int = ...,
+        submitted_at_us: _builtins.int = ...,
+        updated_at_us: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "principal", b"principal", "role", b"role", "spec", b"spec", "submitted_at_us", b"submitted_at_us", "updated_at_us", b"updated_at_us", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JobRecord: _TypeAlias = JobRecord  # noqa: Y015

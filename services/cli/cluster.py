@@ -50,14 +50,22 @@ class UpOptions:
     # max(masters, standbys + 1).
     standbys: int = 0
     curve: bool = False  # CURVE on the bus: keys in <run-dir>/keys (curve_env)
+    jobs: bool = True  # a job runner (and its standbys): `offerbus job run` jobs run
 
     def instances(self) -> dict[str, int]:
         """How many processes of each central role `up` starts."""
         return {"master": max(self.masters, self.standbys + 1),
                 "allocator": self.standbys + 1, "broker": self.standbys + 1}
 
+    def elected(self) -> dict[str, int]:
+        """How many processes of each elected role `up` starts: the central roles and the
+        job runner (frameworks/jobrunner), which has standbys as they do."""
+        return {**self.instances(), **({"jobs": self.standbys + 1} if self.jobs else {})}
 
-KEYED = {"master": "server", "broker": "server", "allocator": "allocator", "agent": "agent"}
+
+KEYED = {"master": "server", "broker": "server", "allocator": "allocator", "agent": "agent",
+         "jobs": "jobs"}
+MODULES = {"jobs": "frameworks.jobrunner"}  # else services.<role>
 CLIENT_KEYS = ("operator",)  # the CLI's (and frameworks') key in a keyed local cluster
 
 
@@ -92,12 +100,13 @@ def central_argv(opts: UpOptions, url: str) -> list[tuple[str, list[str]]]:
     instances first (each joins its role's election; whichever joins first leads)."""
     out = []
     common = ["--cluster", url]
-    for role, count in opts.instances().items():
+    for role, count in opts.elected().items():
         for i in range(1, count + 1):
             name, member = central_name(role, i)
             extra = {"master": ["--heartbeat", str(opts.heartbeat)],
                      "broker": ["--offer-timeout", str(opts.offer_timeout)]}.get(role, [])
-            out.append((name, ["-m", f"services.{role}", *common, *extra, "--id", member]))
+            module = MODULES.get(role, f"services.{role}")
+            out.append((name, ["-m", module, *common, *extra, "--id", member]))
     return out
 
 
@@ -247,7 +256,7 @@ def up(opts: UpOptions) -> str:
                 "--attributes", f"rack:{RACKS[(i - 1) % len(RACKS)]}",
                 "--runtime", opts.runtime, *beat], env=traces)
         state = wait_ready(url, run_dir, opts.agents, opts.timeout, status,
-                           expected=opts.instances())
+                           expected=opts.elected())
         record_cluster_id(run_dir, state)
     console.print(f"[green]cluster up[/] in {run_dir}: {central_summary(state)} and "
                   f"{opts.agents} agents; election and registry at {url}")

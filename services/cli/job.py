@@ -1,13 +1,16 @@
-"""`offerbus job run FILE | plan FILE | stop NAME`: services submitted as job files (see
-services/cli/jobfile.py). `run` starts the job's service framework as `offerbus run` does,
-or changes the number of instances of the running one; `plan` says where the instances
-would go and why not, from the master's /state, changing nothing; `stop` is `offerbus
-stop`. OFFERBUS_MASTER (host:port of a master's HTTP) lets `plan` read /state without the
-cluster's ZooKeeper."""
+"""`offerbus job run FILE | plan FILE | stop NAME | list`: services submitted as job files
+(see services/cli/jobfile.py) to the cluster. `run` submits the job to the master, which
+keeps it in its registry; the cluster's job runner (frameworks/jobrunner) runs its service
+framework, so the job outlives the machine that submitted it; a second `run` submits a new
+version. `plan` says where the instances would go and why not, from the master's /state,
+changing nothing; `stop` removes the job (its framework and tasks); `list` shows every job.
+OFFERBUS_MASTER (host:port of a master's HTTP) lets `plan` and `list` read /state without
+the cluster's ZooKeeper."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -16,8 +19,17 @@ from typing import Any
 
 from rich.console import Console
 
-from services.cli import cluster, jobfile, jobplan, lifecycle, views, why
-from services.cli.client import CliError, cluster_url, find_leader, http_get, master_state
+from schemas import operator_pb2
+from services.cli import jobfile, jobplan, lifecycle, views, why
+from services.cli.client import (
+    CliError,
+    cluster_url,
+    find_leader,
+    http_get,
+    master_state,
+    operator_call,
+)
+from services.master.records import JOB_LABEL
 
 EXIT_BAD_JOB = 2  # a usage error, as argparse's
 console = Console()
@@ -36,41 +48,80 @@ def _bad(path: str, exc: Exception) -> int:
     return EXIT_BAD_JOB
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    from frameworks import spec as specs
+def submit_call(spec: Any) -> operator_pb2.OperatorCall:
+    """The SubmitJob of a job file's spec."""
+    call = operator_pb2.OperatorCall()
+    call.submit_job.name, call.submit_job.role = spec.name, spec.role
+    call.submit_job.spec.update(dataclasses.asdict(spec))
+    return call
 
+
+def changed_fields(current: dict[str, Any], spec: Any) -> list[str]:
+    """The fields, other than instances, on which the job the master keeps (its /state
+    record) and `spec` differ. /state shows environment values redacted: of the
+    environment, only the names are compared."""
+    from frameworks.spec import spec_from_doc
+
+    doc = dict(current.get("spec", {}))
+    env = dict(doc.pop("env", {}) or {})
+    try:
+        kept = spec_from_doc(doc)
+    except ValueError as exc:
+        raise CliError(f"job {spec.name} in the cluster: {exc}") from exc
+    kept.env = dict(spec.env) if sorted(env) == sorted(spec.env) else env
+    return jobfile.changed(kept, spec)
+
+
+def runner_state(url: str, timeout: float) -> dict[str, Any] | None:
+    """The leading job runner's /jobs, or None when the cluster runs none."""
+    try:
+        runner = find_leader(url, timeout, role="jobs")
+    except CliError:
+        return None
+    doc = http_get(runner.endpoints["http"] + "/jobs", timeout)
+    return doc if isinstance(doc, dict) else None
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Submit the job to the cluster (a new one, or a new version of the job of that name)
+    and wait until its instances run. The cluster's job runner runs its framework, so the
+    job outlives this command and this machine."""
     try:
         job = load(args.file)
     except jobfile.JobFileError as exc:
         return _bad(args.file, exc)
     spec = job.spec
     args.name = spec.name
-    run_dir = args.run_dir.resolve()
-    if not specs.spec_path(run_dir, spec.name).exists():
-        return lifecycle.start_service(args, console, spec)
-    # This run dir has a service of that name: an update (of its instances only).
-    try:
-        current = specs.read_spec(run_dir, spec.name)
-    except (ValueError, TypeError) as exc:
-        raise CliError(str(exc)) from exc
-    differ = jobfile.changed(current, spec)
-    if differ:
-        return _bad(args.file, jobfile.JobFileError(
-            f"{spec.name} (in this run dir) has another {', '.join(differ)}; the service "
-            f"framework has no rolling update yet, so a running job changes its instances "
-            f"only: `offerbus job stop {spec.name}`, then `offerbus job run {args.file}`"))
-    pid = cluster.running(run_dir).get(f"framework-{spec.name}")
-    if pid is None:  # its framework process is gone (a restart): resumed as `run` does
-        return lifecycle.start_service(args, console, spec)
-    if current.instances == spec.instances:
-        console.print(f"{spec.name}: unchanged ({spec.instances} instances)")
-    else:
-        specs.write_spec(run_dir, spec)
-        console.print(f"{spec.name}: {current.instances} -> {spec.instances} instances")
+    url = cluster_url(args.cluster, args.run_dir)
+    _, state = master_state(url, args.timeout)
+    current = next((j for j in state.get("jobs", []) if j.get("name") == spec.name), None)
+    if current is None and lifecycle.frameworks_named(state, spec.name):
+        console.print(f"[red]offerbus: a framework named {spec.name} (not a job) is "
+                      f"registered.[/] Stop it with `offerbus stop {spec.name}`, or name the "
+                      "job otherwise.", highlight=False)
+        return lifecycle.EXIT_NAME_IN_USE
+    if current is not None:
+        differ = changed_fields(current, spec)
+        if differ:
+            return _bad(args.file, jobfile.JobFileError(
+                f"job {spec.name} has another {', '.join(differ)}; the job runner has no "
+                f"rolling update yet, so a running job changes its instances only: `offerbus "
+                f"job stop {spec.name}`, then `offerbus job run {args.file}`"))
+    event = operator_call(find_leader(url, args.timeout), submit_call(spec), args.timeout)
+    console.print(event.done.message, highlight=False)
+    if current is not None:
+        was = int(current.get("spec", {}).get("instances", 0))
+        console.print(f"{spec.name}: " + (f"{was} -> {spec.instances} instances"
+                                           if was != spec.instances else
+                                           f"unchanged ({spec.instances} instances)"))
+    if runner_state(url, args.timeout) is None:
+        console.print("[yellow]no job runner is up in this cluster: the job is kept and "
+                      "starts when one is (`python -m frameworks.jobrunner`)[/]",
+                      highlight=False)
+        return 0
     if args.no_wait:
         return 0
-    url = cluster_url(args.cluster, args.run_dir)
-    return lifecycle.wait_running(args, console, url, spec.instances, pid)
+    return lifecycle.wait_running(args, console, url, spec.instances, None)
 
 
 def master_doc(args: argparse.Namespace) -> tuple[str | None, dict[str, Any]]:
@@ -143,14 +194,70 @@ def _ids(indexes: list[int]) -> str:
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    return lifecycle.cmd_stop(args, console)
+    """Remove the job: the master drops it and tears its framework down (its tasks are
+    killed); then wait until its containers are gone. A service started with `offerbus run`
+    (no job of that name) is stopped as `offerbus stop` does."""
+    url = cluster_url(args.cluster, args.run_dir)
+    _, state = master_state(url, args.timeout)
+    if not any(j.get("name") == args.name for j in state.get("jobs", [])):
+        return lifecycle.cmd_stop(args, console)
+    fids = {f["framework_info"]["framework_id"] for f in state.get("frameworks", [])
+            if f["framework_info"].get("labels", {}).get(JOB_LABEL) == args.name}
+    executors = lifecycle.executors_of(state, fids)
+    cluster_id = str(state.get("cluster_id") or "")
+    call = operator_pb2.OperatorCall()
+    call.remove_job.name = args.name
+    event = operator_call(find_leader(url, args.timeout), call, args.timeout)
+    console.print(event.done.message, highlight=False)
+    with lifecycle.Reporter(console, f"stopping {args.name}") as shown:
+        def left() -> str | None:
+            n = lifecycle.containers_of(fids, cluster_id, executors) if cluster_id else 0
+            return f"{args.name}: {n} container(s) left" if n else None
+
+        lifecycle.wait_until(left, args.wait_timeout or 60.0, shown)
+    console.print(f"[green]{args.name} stopped[/]", highlight=False)
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    """Every job the master keeps, with what the job runner says of it."""
+    url, state = master_doc(args)
+    runner = runner_state(url, args.timeout) if url is not None else None
+    jobs = sorted(state.get("jobs", []), key=lambda j: str(j.get("name")))
+    ran = (runner or {}).get("jobs", {})
+    rows = []
+    for j in jobs:
+        name = str(j.get("name"))
+        spec = j.get("spec", {})
+        r = ran.get(name, {})
+        states = r.get("states", {})
+        rows.append({"name": name, "role": j.get("role", ""), "version": j.get("version", ""),
+                     "principal": j.get("principal", "") or "-", "image": spec.get("image", ""),
+                     "instances": int(spec.get("instances", 0)),
+                     "running": int(states.get("TASK_RUNNING", 0)),
+                     "runner": r.get("phase", "-" if runner is None else "not started"),
+                     "why": r.get("pending_reason") or r.get("error") or r.get("last_end")
+                     or ""})
+    if args.json:
+        views.print_json(console, {"jobs": rows, "job_runner": runner is not None})
+        return 0
+    console.print(views.table(
+        f"{len(rows)} job(s)", ("name", "role", "ver", "principal", "image", "want", "running",
+                                "runner", "why"),
+        ((r["name"], r["role"], r["version"], r["principal"], r["image"], r["instances"],
+          r["running"], r["runner"], r["why"] or "-") for r in rows)))
+    if runner is None:
+        console.print("no job runner answers: jobs are kept, and nothing keeps them running",
+                      highlight=False)
+    return 0
 
 
 def register(sub: Any) -> None:
     """`offerbus job run|plan|stop`."""
     p = sub.add_parser("job", help="run, plan or stop a service described by a job file")
     inner = p.add_subparsers(dest="job_command", required=True)
-    r = inner.add_parser("run", help="start the job's service, or change its instances; "
+    r = inner.add_parser("run", help="submit the job to the cluster (its job runner keeps it "
+                         "running), or a new version of it; "
                          f"exit {EXIT_BAD_JOB} on a bad job file")
     r.add_argument("file", help="a TOML job file (see frameworks/jobs/web.toml)")
     r.add_argument("--no-wait", action="store_true")
@@ -164,8 +271,11 @@ def register(sub: Any) -> None:
     q.add_argument("file")
     q.add_argument("--json", action="store_true", help="print machine-readable JSON")
     q.set_defaults(fn=cmd_plan)
-    s = inner.add_parser("stop", help="remove a job's service (as `offerbus stop`)")
+    s = inner.add_parser("stop", help="remove a job: its framework and tasks go")
     s.add_argument("name")
     s.add_argument("--timeout", dest="wait_timeout", type=float, default=60.0,
                    help="seconds to wait for the framework and its containers to go")
     s.set_defaults(fn=cmd_stop)
+    ls = inner.add_parser("list", help="the jobs the cluster keeps, and how each runs")
+    ls.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    ls.set_defaults(fn=cmd_list)

@@ -24,8 +24,8 @@ CONSTRAINT = {"attribute", "op", "value"}
 # Keys a reader may expect that the service framework does not act on (yet): refused with
 # the reason rather than read and ignored.
 NOT_YET = {
-    "update": "the service framework has no rolling update: `job run` on a running job "
-              "changes its number of instances only",
+    "update": "the job runner has no rolling update: `job run` of a running job changes "
+              "its number of instances only",
     "resources.disk": "the service framework does not reserve disk yet",
     "health.grace": "the service framework's health checks have no grace period yet",
 }

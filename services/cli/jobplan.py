@@ -12,6 +12,7 @@ from typing import Any
 from google.protobuf import json_format
 
 from frameworks import service
+from frameworks.spec import instance_of
 from schemas import common_pb2
 from services import tasks as task_states
 from services.resources import Resources
@@ -84,7 +85,7 @@ def live_instances(spec: service.ServiceSpec, state: Doc) -> dict[int, service.I
     for t in state.get("tasks", []):
         task_id = t.get("task_info", {}).get("task_id", "")
         status = t.get("status", {}).get("state", "")
-        index, attempt = _index_of(spec.name, task_id)
+        index, attempt = instance_of(spec.name, task_id)
         if t.get("framework_id") not in fids or index is None or \
                 not task_states.is_active_name(status):
             continue
@@ -94,14 +95,6 @@ def live_instances(spec: service.ServiceSpec, state: Doc) -> dict[int, service.I
                                           hostname=hosts.get(agent, ""), state=status,
                                           attempts=attempt)
     return out
-
-
-def _index_of(name: str, task_id: str) -> tuple[int | None, int]:
-    head, _, rest = task_id.rpartition("-")
-    head, _, index = head.rpartition("-")
-    if head == name and index.isdigit() and rest.isdigit():
-        return int(index), int(rest)
-    return None, 0
 
 
 def plan_job(spec: service.ServiceSpec, state: Doc) -> JobPlan:

@@ -287,9 +287,12 @@ def start_service(args: argparse.Namespace, console: Console, spec: Any) -> int:
 
 
 def wait_running(args: argparse.Namespace, console: Console, url: str, want: int,
-                 pid: int) -> int:
+                 pid: int | None) -> int:
+    """Until `want` instances of service `args.name` run, showing progress; `pid`: its
+    framework process on this machine (None: a job, its framework in the cluster)."""
     name = args.name
-    log = args.run_dir / "logs" / f"framework-{name}.log"
+    log = (args.run_dir / "logs" / f"framework-{name}.log" if pid is not None
+           else "`offerbus job list`")
     now = time.monotonic()
     progress = Progress(want, now, stall_s=args.stall, timeout_s=args.wait_timeout)
     poll = StatePoller(url, args.timeout, service_query(name))
@@ -297,7 +300,7 @@ def wait_running(args: argparse.Namespace, console: Console, url: str, want: int
     counts: Counter[str] | None = None
     with Reporter(console, f"waiting for {want} instances of {name}") as shown:
         while True:
-            if not cluster.alive(pid):
+            if pid is not None and not cluster.alive(pid):
                 raise CliError(f"the {name} framework exited; see {log}")
             before, counts = counts, service_counts(poll(), name, want)
             shown.show(f"{name}: {summary(counts)}")
@@ -334,7 +337,7 @@ def executors_of(state: Doc, fids: set[str]) -> set[str]:
             if t.get("framework_id") in fids} - {""}
 
 
-def _containers_of(fids: set[str], cluster_id: str, executors: set[str]) -> int | None:
+def containers_of(fids: set[str], cluster_id: str, executors: set[str]) -> int | None:
     """How many containers of these frameworks, of this cluster, are left (None: no Docker
     engine). Framework ids alone may repeat across clusters: ownership is checked too."""
     from services.executor.runtime import LABEL_FRAMEWORK
@@ -412,7 +415,7 @@ def cmd_stop(args: argparse.Namespace, console: Console) -> int:
         def left() -> str | None:
             now_state = poll()
             still = fids & set(frameworks_named(now_state, name))
-            containers = _containers_of(fids, cluster_id, executors)
+            containers = containers_of(fids, cluster_id, executors)
             if containers is None:  # no Docker engine here: say so, do not claim "gone"
                 unchecked.append(True)
                 containers = 0

@@ -48,7 +48,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     cluster.up(cluster.UpOptions(run_dir=args.run_dir, agents=args.agents, masters=args.masters,
                                  standbys=args.standbys, agent_resources=args.agent_resources,
                                  standalone=args.standalone, runtime=args.runtime,
-                                 curve=args.curve))
+                                 curve=args.curve, jobs=not args.no_jobs))
     return 0
 
 
@@ -101,7 +101,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     url = cluster_url(args.cluster, args.run_dir)
     leader, state = master_state(url, args.timeout)
     others: dict[str, Any] = {}
-    for role in ("allocator", "broker"):
+    for role in ("allocator", "broker", "jobs"):
         try:
             others[role] = find_leader(url, 1.0, role)
         except CliError:
@@ -334,6 +334,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--runtime", choices=["docker", "process"], default="docker")
     p.add_argument("--curve", action="store_true", help="CURVE on the bus, keys in "
                    "<run-dir>/keys (the CLI then needs the OFFERBUS_CURVE_* it prints)")
+    p.add_argument("--no-jobs", action="store_true", help="no job runner (`offerbus job run` "
+                   "jobs are then kept but not run)")
     p.set_defaults(fn=cmd_up)
     sub.add_parser("down", help="stop the local cluster and remove its containers"
                    ).set_defaults(fn=cmd_down)

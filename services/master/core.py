@@ -31,6 +31,7 @@ from services.master.acl import Acl
 from services.master.agents import AgentHandlers
 from services.master.commands import Command, Reject, ToAgent, ToFramework, ToOperator
 from services.master.frameworks import Event, FrameworkHandlers
+from services.master.jobs import JobHandlers
 from services.master.liveness import AGENT_GONE_TIMEOUT_S, AGENT_TIMEOUT_S, MAX_GONE_AGENTS
 from services.master.records import (
     GONE,
@@ -44,6 +45,7 @@ from services.master.records import (
     Reason,
     ReasonT,
     Task,
+    job_record,
     parse_quota,
     parse_resources,
     quota_text,
@@ -70,7 +72,7 @@ class _Refused(Exception):
         self.task_reason = task_reason
 
 
-class MasterCore(AgentHandlers, FrameworkHandlers, RevocationHandlers):
+class MasterCore(AgentHandlers, FrameworkHandlers, RevocationHandlers, JobHandlers):
     """See the module docstring. `recovered_registry`: the registry document the previous
     leader persisted (registry_document()); its registered agents get
     `agent_reregister_window_s` from this core's first call to re-register."""
@@ -142,6 +144,10 @@ class MasterCore(AgentHandlers, FrameworkHandlers, RevocationHandlers):
             rec = role_record(role, entry)
             if rec is not None:
                 self.roles[role] = rec
+        for name, entry in _section(doc, "jobs").items():
+            job = job_record(name, entry)
+            if job is not None:
+                self.jobs[name] = job
 
     # -- public API --------------------------------------------------------------------
     def agent_call(self, peer: bytes, call: agent_pb2.AgentCall, now: float,
@@ -225,6 +231,8 @@ class MasterCore(AgentHandlers, FrameworkHandlers, RevocationHandlers):
                    "it that operator action")
             self._notice("acl_refused", why, principal=principal, action=kind)
             return self._end([Reject(peer, bus_pb2.UNAUTHORIZED, why, message_id)])
+        if kind in ("submit_job", "remove_job"):
+            return self._end(self._job_call(peer, call, message_id, principal))
         return self._end(self._operator_call(peer, call, message_id))
 
     def agents_heard(self, heard: Mapping[bytes, float], now: float, complete: bool = True,

@@ -5,14 +5,18 @@ times off the wire. The tables of them and the rules that change them are in sta
 from __future__ import annotations
 
 import math
+import re
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeAlias
+
+from google.protobuf.json_format import MessageToDict, ParseDict, ParseError
 
 from schemas import agent_pb2, common_pb2, state_pb2
 from services import tasks
 from services.resources import UNRESERVED, Resources
+from services.roles import role_error
 
 AgentStatus = state_pb2.AgentRecord.Status
 Status: TypeAlias = state_pb2.AgentRecord.Status.ValueType
@@ -90,6 +94,44 @@ def registry_role(rec: state_pb2.RoleRecord) -> dict[str, object]:
         if items:
             out[name] = quota_text(items)
     return out
+
+
+# -- jobs (jobs.py) ----------------------------------------------------------------------
+MAX_JOBS = 256  # jobs a cluster keeps; a submission past it is refused
+MAX_JOB_SPEC_BYTES = 16 * 1024  # one job's spec, as JSON
+JOB_LABEL = "offerbus.job"  # FrameworkInfo.labels: the job a framework runs
+JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+
+
+def job_name_error(name: str) -> str | None:
+    if not JOB_NAME.fullmatch(name):
+        return (f"bad job name {name!r}: 1-63 letters, digits, '_', '-', '.', starting with "
+                "a letter or digit")
+    return None
+
+
+def registry_job(rec: state_pb2.JobRecord) -> dict[str, object]:
+    return {"role": rec.role, "principal": rec.principal, "version": rec.version,
+            "submitted_at_us": rec.submitted_at_us, "updated_at_us": rec.updated_at_us,
+            "spec": MessageToDict(rec.spec)}
+
+
+def job_record(name: str, entry: Mapping[str, object]) -> state_pb2.JobRecord | None:
+    """A registry entry back as a record; None when it is not one (a hand-edited registry)."""
+    spec = entry.get("spec")
+    if job_name_error(name) is not None or not isinstance(spec, Mapping):
+        return None
+    rec = state_pb2.JobRecord(name=name, role=str(entry.get("role", "")),
+                              principal=str(entry.get("principal", "")))
+    try:
+        ParseDict(dict(spec), rec.spec)
+        rec.version = int(entry.get("version", 1))  # type: ignore[call-overload]
+        rec.submitted_at_us = int(entry.get("submitted_at_us", 0))  # type: ignore[call-overload]
+        rec.updated_at_us = int(entry.get("updated_at_us", 0))  # type: ignore[call-overload]
+    except (ParseError, TypeError, ValueError):
+        return None
+    return rec if role_error(rec.role) is None else None
+
 
 
 # -- records -------------------------------------------------------------------------------

@@ -41,6 +41,7 @@ from services.master.records import (
     ReasonT,
     Task,
     TaskKey,
+    registry_job,
     registry_role,
     us,
 )
@@ -48,7 +49,7 @@ from services.notice import Notice
 from services.resources import Resources
 
 # Dirty-set keys: ("agent", id), ("framework", id), ("task", fid, tid), ("role", role),
-# ("decision", fid). Resolved against the tables when a call ends: present -> value,
+# ("decision", fid), ("job", name). Resolved against the tables when a call ends: present -> value,
 # absent -> deleted.
 Dirty = tuple[str, ...]
 
@@ -76,6 +77,7 @@ class MasterState:
         self.tasks: dict[TaskKey, Task] = {}
         self.roles: dict[str, state_pb2.RoleRecord] = {}
         self.decisions: dict[str, internal_pb2.AllocatorDecision] = {}
+        self.jobs: dict[str, state_pb2.JobRecord] = {}  # jobs.py
         # After a master failover: registry agents not re-registered yet (id -> entry).
         self.recovering: dict[str, dict[str, object]] = {}
         self.removed_frameworks: OrderedDict[str, None] = OrderedDict()
@@ -149,6 +151,8 @@ class MasterState:
             value.role.CopyFrom(self.roles[key[1]])
         elif kind == "decision" and key[1] in self.decisions:
             value.decision.CopyFrom(self.decisions[key[1]])
+        elif kind == "job" and key[1] in self.jobs:
+            value.job.CopyFrom(self.jobs[key[1]])
         else:
             return bus_pb2.StateEntry(key=self._key(key), deleted=True)
         return bus_pb2.StateEntry(key=self._key(key), value=value)
@@ -156,7 +160,7 @@ class MasterState:
     @staticmethod
     def _key(key: Dirty) -> str:
         prefix = {"agent": "agents", "framework": "frameworks", "task": "tasks",
-                  "role": "roles", "decision": "decisions"}[key[0]]
+                  "role": "roles", "decision": "decisions", "job": "jobs"}[key[0]]
         return "/".join((prefix, *key[1:]))
 
     def snapshot_entries(self) -> list[bus_pb2.StateEntry]:
@@ -166,6 +170,7 @@ class MasterState:
         keys += [("task", f, t) for f, t in sorted(self.tasks)]
         keys += [("role", r) for r in sorted(self.roles)]
         keys += [("decision", f) for f in sorted(self.decisions)]
+        keys += [("job", j) for j in sorted(self.jobs)]
         return [self._entry(k) for k in keys]
 
     # -- registry --------------------------------------------------------------------------
@@ -198,7 +203,8 @@ class MasterState:
             for f in self.frameworks.values()}
         roles: dict[str, object] = {r: registry_role(rec) for r, rec in self.roles.items()}
         return {"frameworks": dict(sorted(frameworks.items())),
-                "roles": dict(sorted(roles.items()))}
+                "roles": dict(sorted(roles.items())),
+                "jobs": {j: registry_job(rec) for j, rec in sorted(self.jobs.items())}}
 
     def _registry_change(self) -> dict[str, object]:
         change: dict[str, object] = {"agents": {

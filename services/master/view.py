@@ -31,7 +31,7 @@ from services.shell.http import redacted
 
 StateEntry = bus_pb2.StateEntry
 Query = dict[str, list[str]]
-SHOWN = ("agent", "framework", "task", "role")  # the stream's kinds /state lists
+SHOWN = ("agent", "framework", "task", "role", "job")  # the stream's kinds /state lists
 QUERY_KEYS = ("framework", "framework_name", "tasks", "agents", "decisions")
 YIELD_EVERY = 100  # entries applied between two offers of the GIL to the reactor
 PENDING_SLACK = 10_000  # entries waiting beyond the state's size before it is taken whole
@@ -74,7 +74,8 @@ def reference_document(meta: dict[str, Any] | None, entries: Iterable[StateEntry
     before issue 8): kept as the reference the view is tested and benchmarked against."""
     if meta is None:
         return b""
-    state: dict[str, Any] = {**meta, "agents": [], "frameworks": [], "tasks": [], "roles": []}
+    state: dict[str, Any] = {**meta, "agents": [], "frameworks": [], "tasks": [], "roles": [],
+                             "jobs": []}
     for entry in entries:
         kind = entry.value.WhichOneof("kind")
         if kind in SHOWN:
@@ -149,6 +150,7 @@ class StateView:
         self._shown_meta: dict[str, Any] | None = None
         self.agents, self.frameworks, self.roles = _Table(), _Table(), _Table()
         self.decisions = _Table()  # the allocator's latest, by framework (?decisions=1)
+        self.jobs = _Table()  # submitted jobs, by name
         self.tasks: dict[str, _Table] = {}  # framework id -> its tasks
         self._task_frameworks: list[str] = []  # sorted keys of self.tasks
         self._spots: dict[str, _Spot] = {}
@@ -251,7 +253,7 @@ class StateView:
 
     def _clear(self) -> None:
         self.agents, self.frameworks, self.roles = _Table(), _Table(), _Table()
-        self.decisions = _Table()
+        self.decisions, self.jobs = _Table(), _Table()
         self.tasks, self._task_frameworks, self._spots = {}, [], {}
         self.task_counts, self.agent_counts = Counter(), Counter()
 
@@ -278,6 +280,9 @@ class StateView:
         elif kind == "decision":
             spot = _Spot("decision", "", record.framework_id)
             self.decisions.put(spot.key, fragment, "")
+        elif kind == "job":
+            spot = _Spot("job", "", record.name)
+            self.jobs.put(spot.key, fragment, "")
         else:
             spot = _Spot("task", record.framework_id, record.task_info.task_id)
             label = common_pb2.TaskState.Name(record.status.state)
@@ -301,6 +306,8 @@ class StateView:
             self.roles.pop(spot.key)
         elif spot.kind == "decision":
             self.decisions.pop(spot.key)
+        elif spot.kind == "job":
+            self.jobs.pop(spot.key)
         else:
             table = self.tasks.get(spot.framework_id)
             if table is None:
@@ -318,6 +325,7 @@ class StateView:
         if with_agents:
             parts["agents"] = list(self.agents.fragments())
         parts["roles"] = list(self.roles.fragments())
+        parts["jobs"] = list(self.jobs.fragments())
         if not ids and not names:
             fids = self._task_frameworks
             parts["frameworks"] = list(self.frameworks.fragments())

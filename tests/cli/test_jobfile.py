@@ -264,21 +264,6 @@ def test_the_readmes_job_file_parses_as_the_example_does() -> None:
     assert jobfile.loads(block) == jobfile.loads(EXAMPLE.read_text())
 
 
-def test_job_run_refuses_to_change_more_than_the_instances(tmp_path: Path) -> None:
-    """A job of that name in the run dir (running or not) takes a new number of instances
-    only: another image is refused (exit 2, naming it) before any cluster is asked."""
-    from frameworks import spec as specs
-
-    specs.write_spec(tmp_path, jobfile.loads(MINIMAL).spec)
-    other = tmp_path / "other.toml"
-    other.write_text(MINIMAL.replace('"busybox"', '"nginx"') + "instances = 3\n")
-    out = offerbus("--run-dir", str(tmp_path), "job", "run", str(other))
-    assert out.returncode == 2, out.stdout + out.stderr
-    assert "web (in this run dir) has another image;" in out.stderr
-    assert "no rolling update" in out.stderr and "offerbus job stop web" in out.stderr
-    assert specs.read_spec(tmp_path, "web").image == "busybox"  # left as it was
-
-
 @st.composite
 def clusters(draw: st.DrawFn) -> tuple[ServiceSpec, dict[str, Any]]:
     n = draw(st.integers(0, 5))

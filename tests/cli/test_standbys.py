@@ -33,15 +33,19 @@ def test_each_instance_has_its_own_process_name_and_id() -> None:
     plan = cluster.central_argv(cluster.UpOptions(run_dir=Path("/x"), standbys=2), "zk://h/c")
     names = [name for name, _ in plan]
     assert names == ["master", "master-2", "master-3", "allocator", "allocator-2",
-                     "allocator-3", "broker", "broker-2", "broker-3"]
+                     "allocator-3", "broker", "broker-2", "broker-3", "jobs", "jobs-2",
+                     "jobs-3"]
     ids = [argv[argv.index("--id") + 1] for _, argv in plan]
     assert len(set(ids)) == len(ids)
     for (name, argv), member in zip(plan, ids, strict=True):
         role = name.split("-")[0]
-        assert argv[:2] == ["-m", f"services.{role}"] and member.startswith(f"{role}-")
+        module = "frameworks.jobrunner" if role == "jobs" else f"services.{role}"
+        assert argv[:2] == ["-m", module] and member.startswith(f"{role}-")
         assert argv[argv.index("--cluster") + 1] == "zk://h/c"
     broker = dict(plan)["broker-2"]
     assert "--offer-timeout" in broker
+    no_jobs = cluster.UpOptions(run_dir=Path("/x"), standbys=2, jobs=False)
+    assert [n for n, _ in cluster.central_argv(no_jobs, "zk://h/c")] == names[:9]
 
 
 def test_the_process_behind_an_election_member(tmp_path: Path) -> None:

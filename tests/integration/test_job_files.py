@@ -1,13 +1,17 @@
-"""Job files on a real cluster (ZooKeeper, master, allocator, offer-broker and two agents as
-separate processes, Docker containers), through `python -m services.cli`: `job plan` of a
-2-instance job places one instance on each agent and changes nothing; `job run` gets both
-RUNNING; `job run` of the file with 3 instances scales the running job; a changed image is
-refused (exit 2: no rolling update); `job stop` removes the job and its containers."""
+"""Job files on a real cluster (ZooKeeper, master, allocator, offer-broker and a job runner,
+each with a hot standby, and two agents as separate processes, Docker containers), through
+`python -m services.cli`: `job plan` of a 2-instance job places one instance on each agent
+and changes nothing; `job run` submits it to the cluster, whose job runner gets both RUNNING
+(no framework process on the submitting side); `job run` of the file with 3 instances scales
+the running job; a changed image is refused (exit 2: no rolling update); SIGKILL of the
+leading job runner leaves the containers running and the standby takes the job over (same
+framework, and it scales); `job stop` removes the job and its containers."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import uuid
@@ -18,6 +22,8 @@ from typing import Any
 import pytest
 
 from infra.zookeeper import ZooKeeperServer
+from services.cli import cluster as local
+from services.cli.client import find_leader
 from tests.e2e import Cluster, local_cluster_in
 from tests.integration.test_service_lifecycle import IMAGE, containers, running_count
 from tests.waiting import wait_for
@@ -61,7 +67,8 @@ def ok(cluster: Cluster, *args: str, env: dict[str, str] | None = None) -> str:
 def cluster(zk: ZooKeeperServer, zk_admin: Any, tmp_path_factory: pytest.TempPathFactory,
             docker_client: Any, busybox_image: str) -> Iterator[Cluster]:
     with local_cluster_in(zk, zk_admin, tmp_path_factory.mktemp("jobs"), "jobs", agents=2,
-                          agent_resources=AGENT_RESOURCES, offer_timeout=10.0) as c:
+                          agent_resources=AGENT_RESOURCES, offer_timeout=10.0,
+                          standbys=1) as c:
         wait_for(lambda: len([a for a in c.state()["agents"]
                               if a["status"] == "AGENT_STATUS_REGISTERED"]) == 2,
                  timeout=60, message="two agents registered")
@@ -80,6 +87,12 @@ def test_plan_run_update_and_stop_a_job(cluster: Cluster, docker_client: Any,
     out = ok(cluster, "job", "run", str(path))
     assert f"{NAME}: 2 instances RUNNING" in out, out
     assert running_count(docker_client, NAME) == 2
+    # Its framework runs in the cluster (the job runner), not on the submitting side.
+    assert not [n for n in local.running(cluster.run_dir) if n.startswith("framework-")]
+    (fw,) = [f for f in cluster.state()["frameworks"] if f["framework_info"]["name"] == NAME]
+    assert fw["framework_info"]["labels"] == {"offerbus.job": NAME}
+    (job,) = [j for j in cluster.state()["jobs"] if j["name"] == NAME]
+    assert job["version"] == "1" and job["spec"]["env"] == {"GREETING": "<redacted>"}, job
 
     out = ok(cluster, "job", "run", str(job_file(path, 3)))
     assert f"{NAME}: 2 -> 3 instances" in out and f"{NAME}: 3 instances RUNNING" in out, out
@@ -101,9 +114,27 @@ def test_plan_run_update_and_stop_a_job(cluster: Cluster, docker_client: Any,
     assert changed.returncode == 2, changed.stdout + changed.stderr
     assert "another image" in changed.stderr and "no rolling update" in changed.stderr
 
+    # The leading job runner dies: the containers keep running, the standby takes the job
+    # over (the same framework) and scales it.
+    before = {c["Id"] for c in containers(docker_client, NAME)}
+    runner = find_leader(cluster.url, 5.0, role="jobs")
+    name = local.member_process(cluster.run_dir, runner.member_id)
+    assert name is not None
+    os.kill(local.running(cluster.run_dir)[name], signal.SIGKILL)
+    wait_for(lambda: find_leader(cluster.url, 5.0, role="jobs").member_id != runner.member_id,
+             timeout=30, message="the standby job runner leads")
+    listed = json.loads(ok(cluster, "job", "list", "--json"))["jobs"]
+    assert [(j["name"], j["instances"]) for j in listed] == [(NAME, 3)], listed
+    out = ok(cluster, "job", "run", str(job_file(path, 4)))
+    assert f"{NAME}: 3 -> 4 instances" in out and f"{NAME}: 4 instances RUNNING" in out, out
+    after = {c["Id"] for c in containers(docker_client, NAME)}
+    assert before < after and len(after) == 4, (before, after)  # none was replaced
+    (fw2,) = [f for f in cluster.state()["frameworks"] if f["framework_info"]["name"] == NAME]
+    assert fw2["framework_info"]["framework_id"] == fw["framework_info"]["framework_id"]
+
     out = ok(cluster, "job", "stop", NAME)
     assert f"{NAME} stopped" in out
     assert not [f for f in cluster.state()["frameworks"]
                 if f["framework_info"]["name"] == NAME]
     assert containers(docker_client, NAME) == []
-    assert not (cluster.run_dir / "frameworks" / f"{NAME}.json").exists()
+    assert NAME not in [j["name"] for j in cluster.state()["jobs"]]

@@ -41,7 +41,7 @@ def test_a_new_cluster_writes_its_id_once_and_a_recovered_one_keeps_it() -> None
     core = MasterCore("m1", 1, cluster_id="c-new", id_prefix="u1-1", now=T0)
     cmds = core.tick(T0)  # the first step persists the new cluster's id, before any agent
     assert registry(cmds) == {"cluster_id": "c-new", "agents": {}, "frameworks": {},
-                              "roles": {}}
+                              "roles": {}, "jobs": {}}
     aid = register(core, b"a1")
     fid = subscribed(core, b"f1")
     assert (aid, fid) == ("u1-1-S1", "u1-1-F1")  # the leadership's prefix, not "m1"

@@ -113,7 +113,7 @@ def test_registry_writes_do_not_block_the_reactor(tmp_path: Path, slow: SlowRegi
         slow.release.set()
         assert master.registry.flush(10)
         assert FileRegistry(tmp_path / "master.registry").load() == {
-            "cluster_id": "c", "agents": {}, "frameworks": {"F4": {}}, "roles": {}}
+            "cluster_id": "c", "agents": {}, "frameworks": {"F4": {}}, "roles": {}, "jobs": {}}
     finally:
         slow.release.set()
         master.close()

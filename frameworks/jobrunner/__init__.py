@@ -1,0 +1,1 @@
+"""The job runner: keeps every submitted job's service framework running inside the cluster."""
