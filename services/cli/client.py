@@ -21,7 +21,8 @@ from services.bus.election import LeaderInfo, detector_from_url, parse_url
 from services.bus.election.zookeeper import election_path, member_epoch, sorted_members
 from services.bus.peer import Sender
 
-DEFAULT_RUN_DIR = Path(os.environ.get("OFFERBUS_RUN_DIR", ".run/cluster"))
+RUN_DIR_DEFAULT = ".run/cluster"  # without --run-dir, OFFERBUS_RUN_DIR or a profile
+DEFAULT_RUN_DIR = Path(os.environ.get("OFFERBUS_RUN_DIR", RUN_DIR_DEFAULT))
 
 
 class CliError(Exception):

@@ -2,7 +2,9 @@
 config.py) on a TOML file, with this environment's OFFERBUS_* variables, for every service
 the file has a table for (master, allocator, broker and agent when it has none; those
 named by --service), and print the effective values and where each came from; exit 2 with
-the reasons when any service would refuse to start with it."""
+the reasons when any service would refuse to start with it. `offerbus config profiles`: the
+CLI config file's profiles (services/cli/profiles.py), which one is active, and where each
+of the CLI's settings comes from, secrets not shown."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from services.cli import profiles
 from services.shell import config
 
 
@@ -74,9 +77,50 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def profiles_report(args: argparse.Namespace,
+                    environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """`config profiles --json`: the file, its profiles, the active one and why, and each
+    setting's value (a secret as "(set, not shown)") and source."""
+    environ = os.environ if environ is None else environ
+    flags = {"cluster": args.cluster,
+             "run_dir": None if args.run_dir is None else str(args.run_dir)}
+    res = profiles.resolve(args.profile, flags, environ)
+    listed = {} if res.file is None else {
+        name: {key: (profiles.SECRET if profiles.BY_NAME[key].secret else value)
+               for key, value in table.items()} for name, table in res.file.profiles.items()}
+    return {"file": str(res.path), "file_from": res.path_source, "exists": res.file is not None,
+            "default": None if res.file is None else res.file.default,
+            "active": res.profile, "chosen_by": res.chosen_by or None, "profiles": listed,
+            "settings": {name: {"value": None if res.values[name][0] is None
+                                else res.shown(name), "from": res.values[name][1]}
+                         for name in res.values}}
+
+
+def cmd_profiles(args: argparse.Namespace) -> int:
+    doc = profiles_report(args)
+    if args.json:
+        print(json.dumps(doc, indent=2))
+        return 0
+    print(f"CLI config file: {doc['file']} ({doc['file_from']})"
+          + ("" if doc["exists"] else ": not there"))
+    for name, table in doc["profiles"].items():
+        mark = "*" if name == doc["active"] else " "
+        print(f" {mark} {name}" + ("  (default)" if name == doc["default"] else ""))
+        for key, value in table.items():
+            print(f"      {key} = {value}")
+    print(f"active profile: {doc['active']} (chosen by {doc['chosen_by']})"
+          if doc["active"] else "active profile: none")
+    width = max(len(name) for name in doc["settings"])
+    for name, item in doc["settings"].items():
+        value = "unset" if item["value"] is None else item["value"]
+        print(f"  {name:<{width}}  {value}  [{item['from']}]")
+    return 0
+
+
 def register(sub: Any) -> None:
     """`offerbus config check FILE [--service NAME]...`"""
-    p = sub.add_parser("config", help="check a services' configuration file")
+    p = sub.add_parser("config", help="check a services' configuration file; list the "
+                       "CLI's profiles")
     inner = p.add_subparsers(dest="config_command", required=True)
     c = inner.add_parser("check", help="validate a TOML file and print the effective "
                          "configuration of each service it configures (exit 2 if invalid)")
@@ -85,3 +129,9 @@ def register(sub: Any) -> None:
                    help="check for this service (repeatable; default: the file's tables, "
                    "or every service when it has none)")
     c.set_defaults(fn=cmd_check)
+    pr = inner.add_parser("profiles", help="the CLI config file's profiles, the active one "
+                          "(--profile, OFFERBUS_PROFILE or the file's default) and where each "
+                          "setting comes from: flag > environment > profile > default "
+                          "(secrets not shown)")
+    pr.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    pr.set_defaults(fn=cmd_profiles)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import urllib.parse
 from collections import Counter
@@ -14,9 +15,9 @@ from rich.console import Console
 from schemas import agent_pb2, operator_pb2
 from services import tasks as task_states
 from services.cli import chaos as chaos_cli
-from services.cli import cluster, follow, lifecycle, trace, views, why
+from services.cli import cluster, follow, lifecycle, profiles, trace, views, why
 from services.cli.client import (
-    DEFAULT_RUN_DIR,
+    RUN_DIR_DEFAULT,
     CliError,
     ElectionView,
     cluster_url,
@@ -317,10 +318,16 @@ def _count(minimum: int) -> Any:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="offerbus", description="Offerbus cluster manager.")
-    ap.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR,
-                    help=f"where `up` keeps pids, logs and work dirs (default {DEFAULT_RUN_DIR})")
-    ap.add_argument("--cluster", help="zk://hosts/chroot or file:///dir (default: the run dir's)")
+    ap = argparse.ArgumentParser(
+        prog="offerbus", description="Offerbus cluster manager.",
+        epilog="Settings come from, in order: flags, OFFERBUS_* environment variables, the "
+        "chosen profile of the CLI config file (--profile), defaults.")
+    profiles.add_flag(ap)
+    ap.add_argument("--run-dir", type=Path, default=None,
+                    help="where `up` keeps pids, logs and work dirs (default: "
+                    f"OFFERBUS_RUN_DIR, else the profile's run_dir, else {RUN_DIR_DEFAULT})")
+    ap.add_argument("--cluster", help="zk://hosts/chroot or file:///dir (default: "
+                    "OFFERBUS_CLUSTER, else the profile's cluster, else the run dir's)")
     ap.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for answers")
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("up", help="start a local cluster (ZooKeeper, services, agents)")
@@ -394,6 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "cmd", None) and args.cmd[:1] == ["--"]:
         args.cmd = args.cmd[1:]
     try:
+        profiles.start(args, os.environ)  # the profile's settings, for every command
         return int(args.fn(args))
     except CliError as exc:
         console.print(f"[red]offerbus: {exc}[/]")
