@@ -19,13 +19,16 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from frameworks.rolling import to_replace
 from frameworks.sdk.demand import demand
 from frameworks.sdk.driver import SchedulerDriver
 from frameworks.sdk.scheduler import MasterInfo, Scheduler
 from frameworks.spec import (
+    SPEC_LABEL,
     ServiceSpec,
     instance_of,
     parse_constraint,
+    spec_digest,
 )
 from schemas import common_pb2
 from services import tasks as task_states
@@ -57,6 +60,7 @@ class Instance:
     failures: int = 0  # attempts in a row that failed (see RESTART_*)
     not_before: float = 0.0  # no new attempt before this time (monotonic clock)
     running_since: float | None = None  # the current attempt's first RUNNING
+    digest: str = ""  # the spec the current attempt was launched from (frameworks/spec.py)
 
     def ended(self, failed: bool, now: float, revoked: bool = False) -> None:
         """The current attempt ended: when may the next one start? A revoked one (killed
@@ -193,6 +197,7 @@ def task_info(spec: ServiceSpec, instance: Instance, offer: common_pb2.Offer,
     task.resources.extend((spec.resources() + Resources.of(
         ports=[(p, p) for p in ports])).to_proto())
     task.labels["service"] = spec.name
+    task.labels[SPEC_LABEL] = spec_digest(spec)
     env = dict(spec.env)
     for i, (container_port, host_port) in enumerate(zip(spec.ports, ports, strict=True)):
         env[f"PORT{i}"] = env[f"PORT_{container_port}"] = str(host_port)
@@ -243,6 +248,7 @@ class ServiceScheduler(Scheduler):
         self.suppressed = False
         self.restarts = 0
         self.health_kills = 0
+        self.replaced = 0  # instances killed by rolling updates
         self.revoked_tasks = 0  # killed by the master for fair sharing (REASON_TASK_REVOKED)
         self.declared: common_pb2.Demand | None = None  # the demand last requested
         self.removed = ""  # the master's final Error (e.g. removed by the operator)
@@ -261,7 +267,8 @@ class ServiceScheduler(Scheduler):
             self.instances[index] = Instance(index, task_id=t["task_id"],
                                              hostname=str(t.get("host", "")),
                                              agent_id=str(t.get("agent_id", "")),
-                                             state=str(t.get("state", "")), attempts=attempt)
+                                             state=str(t.get("state", "")), attempts=attempt,
+                                             digest=str(t.get("digest", "")))
             self.by_task[t["task_id"]] = index
         self.framework_id = str(doc.get("framework_id", ""))
         return self.framework_id
@@ -299,6 +306,7 @@ class ServiceScheduler(Scheduler):
                                                                   offer.hostname)
                     inst.state = "TASK_STAGING"
                     inst.healthy, inst.kill_sent = None, False
+                    inst.digest = task.labels[SPEC_LABEL]
                     self.by_task[task.task_id] = index
                     op.launch.tasks.append(task)
                 driver.accept([offer_id], [op], common_pb2.Filters(refuse_seconds=1.0),
@@ -354,6 +362,7 @@ class ServiceScheduler(Scheduler):
                     self.restarts += 1
                 self._want_offers(driver)
             self._scale_down(driver)
+            self._roll(driver)
         self._write_status()
 
     def rescinded(self, driver: SchedulerDriver, offer_ids: list[str], reason: int) -> None:
@@ -388,11 +397,13 @@ class ServiceScheduler(Scheduler):
         self.set_spec(driver, self.spec)
 
     def set_spec(self, driver: SchedulerDriver, spec: ServiceSpec) -> None:
-        """A new spec (of the same name and role): its instances at once; its other fields
-        for the attempts started from now on (running instances are not replaced)."""
+        """A new spec (of the same name and role): its instances at once; when more than
+        its instances changed, a rolling update (frameworks/rolling.py) replaces the running
+        instances, at most `max_unavailable` down at a time."""
         with self.lock:
             self.spec = spec
             self._scale_down(driver)
+            self._roll(driver)
             self._want_offers(driver)
         self._write_status()
 
@@ -400,6 +411,15 @@ class ServiceScheduler(Scheduler):
         for inst in self.instances.values():
             if inst.index >= self.spec.instances and inst.live and not inst.kill_sent:
                 self._kill(driver, inst)
+
+    def _roll(self, driver: SchedulerDriver) -> None:
+        """A rolling update: replace instances of an older spec, a few at a time."""
+        for index in to_replace(self.instances, self.spec.instances,
+                                spec_digest(self.spec), self.spec.max_unavailable):
+            logger.info("rolling update: replacing", instance=index,
+                        task=self.instances[index].task_id)
+            self.replaced += 1
+            self._kill(driver, self.instances[index])
 
     @staticmethod
     def _kill(driver: SchedulerDriver, inst: Instance) -> None:
@@ -442,10 +462,10 @@ class ServiceScheduler(Scheduler):
                     "states": Counter(i.state for i in self.instances.values()),
                     "pending_reason": self.pending_reason, "restarts": self.restarts,
                     "health_kills": self.health_kills, "removed": self.removed,
-                    "revoked": self.revoked_tasks,
+                    "revoked": self.revoked_tasks, "replaced": self.replaced,
                     "tasks": {i.index: {"task_id": i.task_id, "state": i.state,
                                         "host": i.hostname, "agent_id": i.agent_id,
-                                        "healthy": i.healthy}
+                                        "healthy": i.healthy, "digest": i.digest}
                               for i in self.instances.values()}}
 
 

@@ -4,6 +4,7 @@ watches; and the instance states of a service read from the master's /state."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections import Counter
@@ -34,6 +35,9 @@ class ServiceSpec:
     health_http: str = ""  # an HTTP path checked on the first published port
     health_interval_s: float = 10.0
     health_failures: int = 3  # consecutive failures before the task is killed (0: never)
+    # A rolling update (a new spec but for its instances) replaces running instances so that
+    # at most this many of the wanted ones are down at a time.
+    max_unavailable: int = 1
 
     def resources(self) -> Resources:
         return Resources.of(cpus=self.cpus, mem=self.mem)
@@ -58,6 +62,19 @@ class ServiceSpec:
             raise ValueError("--health-http checks the first published port: give --port")
         if self.health_interval_s <= 0 or self.health_failures < 0:
             raise ValueError("health interval must be > 0 and failures >= 0")
+        if self.max_unavailable < 1:
+            raise ValueError(f"max_unavailable must be >= 1 (got {self.max_unavailable})")
+
+
+SPEC_LABEL = "offerbus.spec"  # TaskInfo.labels: the digest of the spec a task was launched from
+ROLLOUT_FIELDS = ("instances", "max_unavailable")  # changed without replacing instances
+
+
+def spec_digest(spec: ServiceSpec) -> str:
+    """What an instance was launched from: every field but those a rolling update leaves
+    running instances alone for (ROLLOUT_FIELDS)."""
+    doc = {k: v for k, v in asdict(spec).items() if k not in ROLLOUT_FIELDS}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def instance_of(name: str, task_id: str) -> tuple[int | None, int]:
@@ -78,7 +95,7 @@ def spec_from_doc(doc: Mapping[str, Any]) -> ServiceSpec:
     if unknown:
         raise ValueError(f"unknown spec field(s) {', '.join(unknown)}")
     values = dict(doc)
-    for key in ("instances", "health_failures"):
+    for key in ("instances", "health_failures", "max_unavailable"):
         if isinstance(values.get(key), float) and float(values[key]).is_integer():
             values[key] = int(values[key])
     if isinstance(values.get("ports"), list):

@@ -18,7 +18,7 @@ from typing import Any
 
 from google.protobuf.json_format import MessageToDict
 
-from frameworks.spec import ServiceSpec, instance_of, spec_from_doc
+from frameworks.spec import SPEC_LABEL, ServiceSpec, instance_of, spec_from_doc
 from schemas import bus_pb2, common_pb2, state_pb2
 from services import tasks as task_states
 from services.master.records import JOB_LABEL
@@ -56,8 +56,8 @@ class Start:
 
 @dataclass(frozen=True)
 class Update:
-    """A new version of a running job: its scheduler takes the new spec (instances now;
-    other fields for the instances it starts from then on)."""
+    """A new version of a running job: its scheduler takes the new spec (its instances at
+    once; other fields by a rolling update)."""
 
     name: str
     spec: ServiceSpec
@@ -102,8 +102,8 @@ class JobRunnerCore:
     runners: dict[str, Runner] = field(default_factory=dict)
     # Job frameworks the master knows: framework id -> (job name, registered_at_us)
     frameworks: dict[str, tuple[str, int]] = field(default_factory=dict)
-    # Their live tasks: framework id -> task id -> (agent id, state name)
-    tasks: dict[str, dict[str, tuple[str, str]]] = field(default_factory=dict)
+    # Their live tasks: framework id -> task id -> (agent id, state name, spec digest)
+    tasks: dict[str, dict[str, tuple[str, str, str]]] = field(default_factory=dict)
     now: float = 0.0
 
     # -- events ------------------------------------------------------------------------------
@@ -184,7 +184,8 @@ class JobRunnerCore:
                 and not task_states.is_terminal(value.task.status.state)
             if live and fid in self.frameworks:
                 self.tasks.setdefault(fid, {})[tid] = (
-                    value.task.agent_id, common_pb2.TaskState.Name(value.task.status.state))
+                    value.task.agent_id, common_pb2.TaskState.Name(value.task.status.state),
+                    value.task.task_info.labels.get(SPEC_LABEL, ""))
             elif fid in self.tasks:
                 self.tasks[fid].pop(tid, None)
 
@@ -196,10 +197,11 @@ class JobRunnerCore:
     def recovered(self, name: str, framework_id: str) -> dict[str, Any]:
         """What ServiceScheduler.recover reads: the framework id and each instance's task."""
         tasks: dict[str, dict[str, str]] = {}
-        for tid, (agent_id, state) in sorted(self.tasks.get(framework_id, {}).items()):
+        for tid, (agent_id, state, digest) in sorted(self.tasks.get(framework_id, {}).items()):
             index, _ = instance_of(name, tid)
             if index is not None:
-                tasks[str(index)] = {"task_id": tid, "agent_id": agent_id, "state": state}
+                tasks[str(index)] = {"task_id": tid, "agent_id": agent_id, "state": state,
+                                     "digest": digest}
         return {"framework_id": framework_id, "tasks": tasks}
 
     # -- decisions -------------------------------------------------------------------------

@@ -2,10 +2,11 @@
 (see services/cli/jobfile.py) to the cluster. `run` submits the job to the master, which
 keeps it in its registry; the cluster's job runner (frameworks/jobrunner) runs its service
 framework, so the job outlives the machine that submitted it; a second `run` submits a new
-version. `plan` says where the instances would go and why not, from the master's /state,
-changing nothing; `stop` removes the job (its framework and tasks); `list` shows every job.
-OFFERBUS_MASTER (host:port of a master's HTTP) lets `plan` and `list` read /state without
-the cluster's ZooKeeper."""
+version (new instances now; any other change by a rolling update, `[update]
+max_unavailable` at a time). `plan` says where the instances would go and why not, from
+the master's /state, changing nothing; `stop` removes the job (its framework and tasks);
+`list` shows every job. OFFERBUS_MASTER (host:port of a master's HTTP) lets `plan` and
+`list` read /state without the cluster's ZooKeeper."""
 
 from __future__ import annotations
 
@@ -14,12 +15,16 @@ import dataclasses
 import os
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 from rich.console import Console
 
+from frameworks.spec import SPEC_LABEL, spec_digest
 from schemas import operator_pb2
+from services import tasks as task_states
 from services.cli import jobfile, jobplan, lifecycle, views, why
 from services.cli.client import (
     CliError,
@@ -100,13 +105,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                       f"registered.[/] Stop it with `offerbus stop {spec.name}`, or name the "
                       "job otherwise.", highlight=False)
         return lifecycle.EXIT_NAME_IN_USE
-    if current is not None:
-        differ = changed_fields(current, spec)
-        if differ:
-            return _bad(args.file, jobfile.JobFileError(
-                f"job {spec.name} has another {', '.join(differ)}; the job runner has no "
-                f"rolling update yet, so a running job changes its instances only: `offerbus "
-                f"job stop {spec.name}`, then `offerbus job run {args.file}`"))
+    differ = changed_fields(current, spec) if current is not None else []
+    if current is not None and not differ and rollout_counts(state, spec.name,
+                                                             spec_digest(spec))["old"]:
+        differ = ["env"]  # /state shows no environment values: theirs is what changed
     event = operator_call(find_leader(url, args.timeout), submit_call(spec), args.timeout)
     console.print(event.done.message, highlight=False)
     if current is not None:
@@ -119,9 +121,56 @@ def cmd_run(args: argparse.Namespace) -> int:
                       "starts when one is (`python -m frameworks.jobrunner`)[/]",
                       highlight=False)
         return 0
+    if differ:
+        console.print(f"{spec.name}: rolling update ({', '.join(differ)} changed), at most "
+                      f"{spec.max_unavailable} instance(s) down at a time", highlight=False)
     if args.no_wait:
         return 0
+    if differ:
+        return wait_rollout(args, url, spec)
     return lifecycle.wait_running(args, console, url, spec.instances, None)
+
+
+def rollout_counts(state: dict[str, Any], name: str, digest: str) -> Counter[str]:
+    """The job's live tasks by state: RUNNING, STARTING, ... for those of the spec of
+    `digest`, `old` for live ones of another spec."""
+    fids = set(lifecycle.frameworks_named(state, name))
+    counts: Counter[str] = Counter()
+    for t in state.get("tasks", []):
+        text = str(t.get("status", {}).get("state", ""))
+        if t.get("framework_id") not in fids or not task_states.is_active_name(text):
+            continue
+        # A task launched before specs were labelled is left alone by the scheduler too.
+        new = t.get("task_info", {}).get("labels", {}).get(SPEC_LABEL, digest) == digest
+        counts[text.removeprefix("TASK_") if new else "old"] += 1
+    return counts
+
+
+def wait_rollout(args: argparse.Namespace, url: str, spec: Any) -> int:
+    """Until every instance runs from the new spec and none of an older one is left."""
+    digest = spec_digest(spec)
+    poll = lifecycle.StatePoller(url, args.timeout, urlencode({
+        "framework_name": spec.name, "agents": 0}))
+    progress = lifecycle.Progress(spec.instances, time.monotonic(), stall_s=args.stall,
+                                  timeout_s=args.wait_timeout)
+    backoff = lifecycle.Backoff()
+    counts: Counter[str] | None = None
+    with lifecycle.Reporter(console, f"rolling update of {spec.name}") as shown:
+        while True:
+            before, counts = counts, rollout_counts(poll(), spec.name, digest)
+            shown.show(f"{spec.name}: {counts['RUNNING']}/{spec.instances} new running, "
+                       f"{counts['old']} old left")
+            verdict = progress.observe(counts, time.monotonic())
+            if verdict == "done" and not counts["old"]:
+                console.print(f"[green]{spec.name}: {spec.instances} instances RUNNING the "
+                              "new spec[/]")
+                return 0
+            if verdict in ("stalled", "timeout"):
+                raise CliError(f"{spec.name}: the rolling update is stuck ({counts['RUNNING']} "
+                               f"new running, {counts['old']} old left). See `offerbus job "
+                               f"list`, `offerbus why {spec.name}`")
+            # Polling the master's state, as often as it changes.
+            time.sleep(backoff.next(counts != before))
 
 
 def master_doc(args: argparse.Namespace) -> tuple[str | None, dict[str, Any]]:

@@ -1,5 +1,5 @@
 """Job files: a service described in TOML (name, image, command, env, resources, ports,
-constraints, health check, role), parsed and validated into the service framework's
+constraints, health check, role, update policy), parsed and validated into the service framework's
 ServiceSpec (frameworks/service.py), and written back (`dumps`). Pure: text in, a spec or a
 JobFileError naming the key (and its line when it can be found) out."""
 
@@ -14,18 +14,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from frameworks.service import ServiceSpec
+from frameworks.spec import ROLLOUT_FIELDS
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 TOP = {"name", "image", "command", "instances", "role", "kill_grace", "env", "resources",
-       "ports", "constraints", "health"}
+       "ports", "constraints", "health", "update"}
+UPDATE = {"max_unavailable"}
 RESOURCES = {"cpus", "mem"}
 HEALTH = {"command", "http", "interval", "failures"}
 CONSTRAINT = {"attribute", "op", "value"}
 # Keys a reader may expect that the service framework does not act on (yet): refused with
 # the reason rather than read and ignored.
 NOT_YET = {
-    "update": "the job runner has no rolling update: `job run` of a running job changes "
-              "its number of instances only",
     "resources.disk": "the service framework does not reserve disk yet",
     "health.grace": "the service framework's health checks have no grace period yet",
 }
@@ -151,6 +151,10 @@ def loads(text: str) -> Job:
     ports, port_names = _ports(text, top)
     constraints = _constraints(text, top.get("constraints", list, []))
     health = _Reader(text, top.get("health", dict, {}), "health", HEALTH)
+    update = _Reader(text, top.get("update", dict, {}), "update", UPDATE)
+    max_unavailable = update.count("max_unavailable", DEFAULTS.max_unavailable)
+    if max_unavailable < 1:
+        update.fail("max_unavailable", f"must be >= 1, got {max_unavailable}")
     spec = ServiceSpec(
         name=name, image=image, command=list(command), env=dict(env_doc),
         instances=top.count("instances", DEFAULTS.instances),
@@ -162,7 +166,8 @@ def loads(text: str) -> Job:
         health_cmd=health.text_("command", "", nonempty="command" in health.doc),
         health_http=health.text_("http", "", nonempty="http" in health.doc),
         health_interval_s=health.number("interval", DEFAULTS.health_interval_s, above=True),
-        health_failures=health.count("failures", DEFAULTS.health_failures))
+        health_failures=health.count("failures", DEFAULTS.health_failures),
+        max_unavailable=max_unavailable)
     try:
         spec.check()
     except ValueError as exc:  # e.g. both health checks, http without a port
@@ -248,6 +253,7 @@ def dumps(job: Job | ServiceSpec) -> str:
         lines.append(f"command = {_str(s.health_cmd)}")
     if s.health_http:
         lines.append(f"http = {_str(s.health_http)}")
+    lines += ["", "[update]", f"max_unavailable = {s.max_unavailable}"]
     for c in s.constraints:
         attribute, _, value = c.partition(":")
         op = "unique" if c == "hostname:unique" else "equals"
@@ -258,7 +264,7 @@ def dumps(job: Job | ServiceSpec) -> str:
 
 
 def changed(current: ServiceSpec, new: ServiceSpec) -> list[str]:
-    """The fields, other than the number of instances, on which two specs differ: what a
-    `job run` of a running job cannot apply without a rolling update."""
+    """The fields, other than the number of instances and the update policy, on which two
+    specs differ: what a `job run` of a running job applies by a rolling update."""
     a, b = dataclasses.asdict(current), dataclasses.asdict(new)
-    return sorted(k for k in a if k != "instances" and a[k] != b.get(k))
+    return sorted(k for k in a if k not in ROLLOUT_FIELDS and a[k] != b.get(k))

@@ -60,7 +60,8 @@ def test_a_minimal_file_takes_the_service_frameworks_defaults() -> None:
     (MINIMAL + "[resources]\nmem = nan\n", "resources.mem (line 4): must be a finite"),
     (MINIMAL + "[resources]\ngpus = 1\n", "resources.gpus (line 4): unknown key"),
     (MINIMAL + "[resources]\ndisk = 10\n", "resources.disk (line 4): not supported"),
-    (MINIMAL + "[update]\nmax_unavailable = 1\n", "update (line 3): not supported"),
+    (MINIMAL + "[update]\nmax_unavailable = 0\n", "update.max_unavailable (line 4): must be"),
+    (MINIMAL + "[update]\nbatch = 2\n", "update.batch (line 4): unknown key"),
     (MINIMAL + "[health]\ngrace = 5\n", "health.grace (line 4): not supported"),
     (MINIMAL + "ports = [80, 80]\n", "ports (line 3): port 80 given twice"),
     (MINIMAL + "ports = [70000]\n", "ports (line 3): expected port numbers 1-65535"),
@@ -109,7 +110,8 @@ def jobs(draw: st.DrawFn) -> Job:
         env=draw(st.dictionaries(env_keys, texts, max_size=4)), ports=port_list,
         health_cmd=draw(texts.filter(lambda t: t.strip() != "")) if health == "cmd" else "",
         health_http=draw(texts.filter(lambda t: t.strip() != "")) if health == "http" else "",
-        health_interval_s=draw(positive), health_failures=draw(st.integers(0, 100)))
+        health_interval_s=draw(positive), health_failures=draw(st.integers(0, 100)),
+        max_unavailable=draw(st.integers(1, 50)))
     named = draw(st.booleans()) and bool(port_list)
     port_names = draw(st.lists(env_keys, min_size=len(port_list), max_size=len(port_list),
                                unique=True)) if named else []
@@ -127,7 +129,7 @@ toml_values = st.recursive(
     lambda inner: st.one_of(st.lists(inner, max_size=3),
                             st.dictionaries(texts, inner, max_size=3)), max_leaves=8)
 keys = st.sampled_from(sorted(jobfile.TOP | jobfile.RESOURCES | jobfile.HEALTH
-                              | jobfile.CONSTRAINT | {"update", "disk", "x"}))
+                              | jobfile.CONSTRAINT | jobfile.UPDATE | {"disk", "x"}))
 
 
 def _toml(value: Any) -> str:
@@ -165,9 +167,10 @@ def test_random_text_raises_only_the_parsers_error(text: str) -> None:
         jobfile.loads(text)
 
 
-def test_changed_names_what_a_running_job_cannot_take() -> None:
+def test_changed_names_what_a_rolling_update_replaces() -> None:
     a = jobfile.loads(MINIMAL).spec
-    assert jobfile.changed(a, dataclasses.replace(a, instances=5)) == []
+    assert jobfile.changed(a, dataclasses.replace(a, instances=5, max_unavailable=3)) == []
+    assert jobfile.loads(MINIMAL + "[update]\nmax_unavailable = 3\n").spec.max_unavailable == 3
     assert jobfile.changed(a, dataclasses.replace(a, image="other", cpus=1.0)) == \
         ["cpus", "image"]
 

@@ -25,6 +25,7 @@ from frameworks.jobrunner.core import (
     Stop,
     Update,
 )
+from frameworks.spec import SPEC_LABEL
 from schemas import bus_pb2, common_pb2, state_pb2
 from services.master.records import JOB_LABEL
 
@@ -48,7 +49,8 @@ def framework(fid: str, job_name: str, principal: str = "jobs",
 def task(fid: str, tid: str, state: int = common_pb2.TASK_RUNNING) -> bus_pb2.StateEntry:
     return bus_pb2.StateEntry(key=f"tasks/{fid}/{tid}", value=state_pb2.StateValue(
         task=state_pb2.TaskRecord(framework_id=fid, agent_id="S1",
-                                  task_info=common_pb2.TaskInfo(task_id=tid),
+                                  task_info=common_pb2.TaskInfo(
+                                      task_id=tid, labels={SPEC_LABEL: "d0"}),
                                   status=common_pb2.TaskStatus(task_id=tid, state=state))))  # type: ignore[arg-type]
 
 
@@ -82,8 +84,10 @@ def test_it_fails_over_to_the_jobs_framework_with_its_live_tasks() -> None:
     (start,) = out
     assert start.framework_id == "F2"  # the latest registered, of this runner's principal
     assert start.recovered == {"framework_id": "F2", "tasks": {
-        "0": {"task_id": "web-0-3", "agent_id": "S1", "state": "TASK_RUNNING"},
-        "1": {"task_id": "web-1-1", "agent_id": "S1", "state": "TASK_RUNNING"}}}
+        "0": {"task_id": "web-0-3", "agent_id": "S1", "state": "TASK_RUNNING",
+              "digest": "d0"},
+        "1": {"task_id": "web-1-1", "agent_id": "S1", "state": "TASK_RUNNING",
+              "digest": "d0"}}}
 
 
 def test_versions_update_and_removals_tear_down() -> None:

@@ -3,7 +3,7 @@ each with a hot standby, and two agents as separate processes, Docker containers
 `python -m services.cli`: `job plan` of a 2-instance job places one instance on each agent
 and changes nothing; `job run` submits it to the cluster, whose job runner gets both RUNNING
 (no framework process on the submitting side); `job run` of the file with 3 instances scales
-the running job; a changed image is refused (exit 2: no rolling update); SIGKILL of the
+the running job; another environment is a rolling update (every container replaced); SIGKILL of the
 leading job runner leaves the containers running and the standby takes the job over (same
 framework, and it scales); `job stop` removes the job and its containers."""
 
@@ -33,7 +33,7 @@ AGENT_RESOURCES = "cpus:2;mem:1024;disk:1024;ports:[47100-47199]"
 NAME = f"job{uuid.uuid4().hex[:6]}"
 
 
-def job_file(path: Path, instances: int, image: str = IMAGE) -> Path:
+def job_file(path: Path, instances: int, image: str = IMAGE, greeting: str = "hello") -> Path:
     path.write_text(f'''name = "{NAME}"
 image = "{image}"
 command = ["sleep", "3600"]
@@ -45,7 +45,7 @@ cpus = 0.05
 mem = 16
 
 [env]
-GREETING = "hello"
+GREETING = "{greeting}"
 ''')
     return path
 
@@ -109,14 +109,23 @@ def test_plan_run_update_and_stop_a_job(cluster: Cluster, docker_client: Any,
                            env={"OFFERBUS_MASTER": http.removeprefix("http://")}))
     assert direct["agents"] == plan["agents"] and direct["allocator"] == []
 
-    changed = cli(cluster, "job", "run", str(job_file(tmp_path / "other.toml", 3,
-                                                     image="offerbus/other:1")))
-    assert changed.returncode == 2, changed.stdout + changed.stderr
-    assert "another image" in changed.stderr and "no rolling update" in changed.stderr
+    # A rolling update: another environment replaces every instance, one at a time.
+    old = {c["Id"] for c in containers(docker_client, NAME) if c["State"] == "running"}
+    out = ok(cluster, "job", "run", str(job_file(path, 3, greeting="bonjour")))
+    assert "rolling update (env changed)" in out, out
+    assert f"{NAME}: 3 instances RUNNING the new spec" in out, out
+    wait_for(lambda: running_count(docker_client, NAME) == 3, timeout=60,
+             message="3 containers running after the rolling update")
+    new = {c["Id"] for c in containers(docker_client, NAME) if c["State"] == "running"}
+    assert not old & new, "an instance of the old spec still runs"
+    envs = [docker_client.api.inspect_container(c)["Config"]["Env"] for c in new]
+    assert all("GREETING=bonjour" in env for env in envs), envs
+    (job,) = [j for j in cluster.state()["jobs"] if j["name"] == NAME]
+    assert job["version"] == "3", job
 
     # The leading job runner dies: the containers keep running, the standby takes the job
     # over (the same framework) and scales it.
-    before = {c["Id"] for c in containers(docker_client, NAME)}
+    before = {c["Id"] for c in containers(docker_client, NAME) if c["State"] == "running"}
     runner = find_leader(cluster.url, 5.0, role="jobs")
     name = local.member_process(cluster.run_dir, runner.member_id)
     assert name is not None
@@ -125,9 +134,9 @@ def test_plan_run_update_and_stop_a_job(cluster: Cluster, docker_client: Any,
              timeout=30, message="the standby job runner leads")
     listed = json.loads(ok(cluster, "job", "list", "--json"))["jobs"]
     assert [(j["name"], j["instances"]) for j in listed] == [(NAME, 3)], listed
-    out = ok(cluster, "job", "run", str(job_file(path, 4)))
+    out = ok(cluster, "job", "run", str(job_file(path, 4, greeting="bonjour")))
     assert f"{NAME}: 3 -> 4 instances" in out and f"{NAME}: 4 instances RUNNING" in out, out
-    after = {c["Id"] for c in containers(docker_client, NAME)}
+    after = {c["Id"] for c in containers(docker_client, NAME) if c["State"] == "running"}
     assert before < after and len(after) == 4, (before, after)  # none was replaced
     (fw2,) = [f for f in cluster.state()["frameworks"] if f["framework_info"]["name"] == NAME]
     assert fw2["framework_info"]["framework_id"] == fw["framework_info"]["framework_id"]
