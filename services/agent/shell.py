@@ -118,6 +118,8 @@ SKIP_CHECKPOINT_ENV = "OFFERBUS_TEST_SKIP_TERMINAL_CHECKPOINT"  # test-only, see
 
 
 class AgentShell(ServiceKit):
+    trace_neighbours = ("offerbus-executor-*.jsonl",)  # its executors write beside its file
+
     def __init__(self, config: AgentConfig, reactor: Reactor | None = None) -> None:
         # The executors it forks inherit this process's environment: they enforce the list.
         os.environ[container_policy.ALLOWED_HOST_PATHS_ENV] = os.pathsep.join(

@@ -1,10 +1,12 @@
-"""`offerbus trace task|offer ID`: the spans that name a task or an offer, read from the
-OTLP-JSON files under <run-dir>/traces/, laid out as a terminal waterfall. The selection and
-the rows are pure functions of span dicts (services.telemetry.file_exporter.read_spans)."""
+"""`offerbus trace task|offer ID`: the spans that name a task or an offer, gathered from the
+cluster's processes (their /traces: services/cli/cluster_traces.py) and this machine's
+<run-dir>/traces/ files, laid out as a terminal waterfall. The selection and the rows are
+pure functions of span dicts (as services.telemetry.query reads them)."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,11 +17,12 @@ from rich.table import Table
 from rich.text import Text
 
 from services.cli.client import CliError
+from services.telemetry import query as Q
 from services.telemetry import spans as S
-from services.telemetry.file_exporter import read_spans
+from services.telemetry.query import names
 
 Span = dict[str, Any]
-KEYS = {"task": (S.TASK_ID, S.TASK_IDS), "offer": (S.OFFER_ID, S.OFFER_IDS)}
+KEYS = {kind: Q.KEYS[kind] for kind in ("task", "offer")}
 BAR_WIDTH = 32
 STATUS_ERROR = 2  # OTLP Status.code
 
@@ -45,10 +48,9 @@ class Row:
 # -- reading ------------------------------------------------------------------------------
 def load_spans(folder: Path) -> list[Span]:
     """Every span in every *.jsonl file of `folder` (missing folder: none)."""
-    out: list[Span] = []
-    for path in sorted(folder.glob("*.jsonl")) if folder.is_dir() else ():
-        out.extend(read_spans(path))
-    return out
+    from services.cli.cluster_traces import local_spans
+
+    return local_spans(folder)
 
 
 def start_ns(span: Span) -> int:
@@ -61,13 +63,6 @@ def end_ns(span: Span) -> int:
 
 def service_of(span: Span) -> str:
     return str(span.get("resource", {}).get("service.name", "?"))
-
-
-def names(span: Span, kind: str, ident: str) -> bool:
-    """Whether the span's attributes name task/offer `ident`."""
-    one, many = KEYS[kind]
-    attrs = span.get("attrs", {})
-    return attrs.get(one) == ident or ident in (attrs.get(many) or ())
 
 
 def _links(span: Span) -> list[tuple[str, str]]:
@@ -247,22 +242,31 @@ def table(rows: Iterable[Row], title: str, width: int = 160) -> Table:
     return t
 
 
-def no_spans_message(kind: str, ident: str, folder: Path, run_dir: Path) -> str:
+def no_spans_message(kind: str, ident: str, folder: Path, run_dir: Path,
+                     cluster: bool = False) -> str:
     from services.cli.cluster import traces_dir
 
     found = len(list(folder.glob("*.jsonl"))) if folder.is_dir() else 0
-    return (f"no spans for {kind} {ident} in {folder} ({found} trace files) — is tracing on? "
+    where = f"the cluster's processes nor {folder}" if cluster else str(folder)
+    return (f"no spans for {kind} {ident} in {where} ({found} trace files) — is tracing on? "
             f"`offerbus up` writes traces to {traces_dir(run_dir)}/ (OFFERBUS_TRACES_DIR); "
             f"spans reach the files about a second after they end")
 
 
 def cmd_trace(args: argparse.Namespace, console: Console) -> int:
     from services.cli.cluster import traces_dir
+    from services.cli.cluster_traces import collect
 
     folder = args.traces or traces_dir(args.run_dir)
-    chosen = select(load_spans(folder), args.kind, args.id)
+    spans, notes = collect(args, folder, [Q.TraceQuery(args.kind, (args.id,))], follow=True)
+    for note in notes:  # on stderr: --json stays one document
+        print(f"offerbus trace: {note}", file=sys.stderr)
+    chosen = select(spans, args.kind, args.id)
     if not chosen:
-        raise CliError(no_spans_message(args.kind, args.id, folder, args.run_dir))
+        local = args.local or args.traces is not None
+        raise CliError(no_spans_message(args.kind, args.id, folder, args.run_dir,
+                                        cluster=not local and not any(
+                                            n.startswith("no cluster") for n in notes)))
     rows = waterfall(chosen)
     if getattr(args, "json", False):
         from dataclasses import asdict
@@ -284,5 +288,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("kind", choices=sorted(KEYS))
     p.add_argument("id")
     p.add_argument("--traces", type=Path, default=None,
-                   help="folder of OTLP-JSON trace files (default <run-dir>/traces)")
+                   help="read only this folder of OTLP-JSON trace files")
+    p.add_argument("--local", action="store_true",
+                   help="read only <run-dir>/traces, not the cluster's processes' /traces")
     p.add_argument("--json", action="store_true", help="print the spans' rows as JSON")

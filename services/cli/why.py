@@ -1,6 +1,7 @@
 """`offerbus why FRAMEWORK|TASK`: plain sentences on why a framework gets (no) offers or why
 a task is where it is (or still pending), from the allocator's /decisions, the master's
-/state, the trace files' `decide` spans and the service frameworks' status files. The
+/state, the spans (`decide`, `allocate`, `offer`) the cluster's processes and the local
+trace files hold (services/cli/cluster_traces.py) and the service frameworks' status files. The
 explanation is a pure function of those documents; a thin layer fetches them."""
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 import time
 import urllib.parse
 from pathlib import Path
@@ -18,7 +20,8 @@ from rich.console import Console
 from services import tasks
 from services.allocator.decide import GUARANTEE_REASON
 from services.cli.client import CliError, cluster_url, find_leader, http_get, master_state
-from services.cli.trace import Span, end_ns, load_spans, names, start_ns
+from services.cli.trace import Span, end_ns, names, start_ns
+from services.cli.trace import load_spans as load_spans  # (lifecycle.py's `why` reads the run dir)
 from services.telemetry import spans as S
 
 Doc = dict[str, Any]
@@ -331,9 +334,27 @@ def fetch_decisions(url: str, fid: str, timeout: float) -> list[Doc] | None:
     return decisions
 
 
-def cmd_why(args: argparse.Namespace, console: Console) -> int:
+def why_spans(args: argparse.Namespace, url: str, state: Doc, fid: str | None,
+              statuses: dict[str, Doc]) -> tuple[list[Span], list[str]]:
+    """The spans `why` reads: of the framework (by id and by name) and, for a task, those
+    naming it; from the cluster's processes and the local trace files."""
     from services.cli.cluster import traces_dir
+    from services.cli.cluster_traces import collect
+    from services.telemetry.query import TraceQuery
 
+    target = args.target
+    is_task = resolve_framework(target, state) is None
+    name = _fw_names(state).get(fid or "", "") or (
+        _service_of(target, statuses, state) if is_task else "") or ""
+    idents = list(dict.fromkeys(x for x in (fid, name) if x))
+    queries = [TraceQuery("framework", (x,)) for x in idents]
+    if is_task:
+        queries.append(TraceQuery("task", (target,)))
+    return collect(args, args.traces or traces_dir(args.run_dir), queries, state=state,
+                   url=url)
+
+
+def cmd_why(args: argparse.Namespace, console: Console) -> int:
     url = cluster_url(args.cluster, args.run_dir)
     _, state = master_state(url, args.timeout)
     fid = resolve_framework(args.target, state)
@@ -342,7 +363,9 @@ def cmd_why(args: argparse.Namespace, console: Console) -> int:
         service = _service_of(args.target, statuses, state)
         fid = resolve_framework(service, state) if service else None
     decisions = fetch_decisions(url, fid, args.timeout) if fid else []
-    spans = load_spans(args.traces or traces_dir(args.run_dir))
+    spans, notes = why_spans(args, url, state, fid, statuses)
+    for note in notes:
+        print(f"offerbus why: {note}", file=sys.stderr)
     for sentence in explain(args.target, decisions, state, spans, statuses, time.time()):
         console.print(sentence, highlight=False)
     return 0
@@ -352,4 +375,6 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("why", help="why a framework gets no offers, or a task is pending")
     p.add_argument("target", help="a framework id or name, or a task id")
     p.add_argument("--traces", type=Path, default=None,
-                   help="folder of OTLP-JSON trace files (default <run-dir>/traces)")
+                   help="read spans only from this folder of OTLP-JSON trace files")
+    p.add_argument("--local", action="store_true",
+                   help="read spans only from <run-dir>/traces, not the cluster's /traces")

@@ -232,8 +232,9 @@ class MasterShell(ServiceKit):
         for event in self.detectors[role].events():
             self.internal_fence.follow(role, event.leader)
             name = INTERNAL_ROLE_NAMES[role]
-            self._service_leaders[name] = {"id": event.leader.member_id,
-                                           "epoch": event.leader.epoch} if event.leader else None
+            self._service_leaders[name] = {  # http: where `offerbus trace` asks its spans
+                "id": event.leader.member_id, "epoch": event.leader.epoch,
+                "http": event.leader.endpoints.get("http", "")} if event.leader else None
             self.view.set_meta(leaders=dict(self._service_leaders))
             log.info("internal leader", role=INTERNAL_ROLE_NAMES[role],
                      leader=f"{event.leader.member_id}@{event.leader.epoch}"

@@ -1,11 +1,13 @@
 """The skeleton every service process shares: reactor, ZeroMQ context, bus counters and
-Prometheus metrics, the status HTTP server (/health, /metrics, and the service's own
-routes), the core driver, and, for the elected services, the leader lifecycle. A service's
-shell subclasses `ServiceKit` and adds its sockets and its core; nothing here decides."""
+Prometheus metrics, the status HTTP server (/health, /metrics, /traces: this process's
+spans, and the service's own routes), the core driver, and, for the elected services, the
+leader lifecycle. A service's shell subclasses `ServiceKit` and adds its sockets and its
+core; nothing here decides."""
 
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,9 +29,13 @@ from services.bus.reactor import Reactor
 from services.bus.stats import Stats
 from services.shell.config import DEFAULT_HOST
 from services.shell.driver import CoreDriver
-from services.shell.http import Response, Route, StatusServer
+from services.shell.http import Direct, Response, Route, StatusServer
 from services.shell.leader import LeaderLifecycle
 from services.shell.metrics import CONTENT_TYPE, Metrics
+from services.telemetry import query as trace_query
+from services.telemetry import trace_file
+
+TRACE_QUERIES = 2  # /traces scans at once per process (each reads files); more: a 503
 
 
 @dataclass(kw_only=True)
@@ -106,6 +112,10 @@ class ServiceKit:
     Subclasses call `start_http(routes)` once their sockets are bound, then `join_election`
     (elected roles) with the endpoints to advertise."""
 
+    # Files beside this process's trace file that /traces serves too (globs): the agent's
+    # executors write theirs into its folder.
+    trace_neighbours: tuple[str, ...] = ()
+
     def __init__(self, service: str, member_id: str, role: int, config: ServiceConfig,
                  reactor: Reactor | None = None) -> None:
         self.service, self.member_id = service, member_id
@@ -140,8 +150,13 @@ class ServiceKit:
 
     # -- status server -----------------------------------------------------------------------
     def start_http(self, routes: dict[str, Route] | None = None) -> StatusServer:
+        self._trace_bad = self.metrics.counter(
+            "traces_bad_requests", "/traces requests answered 400 (no span set, or more "
+            "than one, named).")
+        self._trace_slots = threading.BoundedSemaphore(TRACE_QUERIES)
         self.http = StatusServer(self.reactor, self.host, self._http_port, {
-            "/health": self._http_health, "/metrics": self._http_metrics, **(routes or {})},
+            "/health": self._http_health, "/metrics": self._http_metrics,
+            "/traces": Direct(self._http_traces), **(routes or {})},
             token=self._http_token)
         http = self.http
         self.metrics.counter_function(
@@ -174,6 +189,21 @@ class ServiceKit:
                 "endpoints": self.endpoints, **self.health()}
         return Response(200 if self.healthy() else 503, "application/json",
                         json.dumps(body, sort_keys=True).encode())
+
+    def _http_traces(self, query: dict[str, list[str]]) -> Response:
+        """This process's spans a query selects (services/telemetry/query.py), read on the
+        request's thread (a Direct route: never on the reactor)."""
+        if not self._trace_slots.acquire(blocking=False):
+            return Response(503, "text/plain", b"too many /traces queries; try again\n")
+        try:
+            status, body = trace_query.answer(
+                trace_query.own_files(trace_file(), self.trace_neighbours), query)
+        finally:
+            self._trace_slots.release()
+        if status == 400:
+            self._trace_bad.inc()
+        return Response(status, "application/json" if status == 200 else
+                        "text/plain; charset=utf-8", body)
 
     def _http_metrics(self, query: dict[str, list[str]]) -> Response:
         return Response(200, CONTENT_TYPE, self.metrics.exposition())

@@ -8,7 +8,9 @@ from services.telemetry.setup import (
     setup,
     shutdown,
     span_traceparent,
+    trace_file,
     tracer,
 )
 
-__all__ = ["current_traceparent", "extract", "setup", "shutdown", "span_traceparent", "tracer"]
+__all__ = ["current_traceparent", "extract", "setup", "shutdown", "span_traceparent", "trace_file",
+           "tracer"]

@@ -18,6 +18,8 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from services.telemetry.query import file_spans
+
 _ID_FIELDS = ("traceId", "spanId", "parentSpanId")
 
 
@@ -204,39 +206,6 @@ def prune_folder(folder: Path, *, max_bytes: int = MAX_FOLDER_BYTES,
 
 def read_spans(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Every span in an OTLP-JSON lines file, each with its resource's attributes merged in
-    under "resource" (service.name etc.). Torn or foreign lines are skipped."""
-    out: list[dict[str, Any]] = []
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        return out
-    for line in lines:
-        try:
-            doc = json.loads(line)
-        except ValueError:
-            continue
-        for rs in doc.get("resourceSpans", []):
-            resource = attributes(rs.get("resource", {}).get("attributes", []))
-            for ss in rs.get("scopeSpans", []):
-                for span in ss.get("spans", []):
-                    span["resource"] = resource
-                    span["attrs"] = attributes(span.get("attributes", []))
-                    out.append(span)
-    return out
-
-
-def attributes(items: list[dict[str, Any]]) -> dict[str, Any]:
-    """OTLP key/value list -> plain dict."""
-    out: dict[str, Any] = {}
-    for item in items:
-        value = item.get("value", {})
-        if not value:
-            out[item["key"]] = None
-            continue
-        kind, raw = next(iter(value.items()))
-        if kind == "intValue":
-            raw = int(raw)
-        elif kind == "arrayValue":
-            raw = [next(iter(v.values())) for v in raw.get("values", [])]
-        out[item["key"]] = raw
-    return out
+    under "resource" (service.name etc.) and its own under "attrs". Torn or foreign lines
+    are skipped; the file is read a line at a time (services/telemetry/query.py)."""
+    return list(file_spans(Path(path)))

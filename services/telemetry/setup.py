@@ -40,6 +40,7 @@ from services.telemetry.file_exporter import (
 
 _propagator = TraceContextTextMapPropagator()
 _provider: TracerProvider | None = None
+_file: Path | None = None  # the OTLP-JSON file this process writes (/traces serves it)
 
 
 def _resource(attrs: dict[str, str | int]) -> Resource:
@@ -77,7 +78,7 @@ def setup(service: str, *, batch: bool = True, **resource: str) -> trace.Tracer:
             return SimpleSpanProcessor(exporter)
         return BatchSpanProcessor(exporter, schedule_delay_millis=delay_ms)
 
-    global _provider
+    global _provider, _file
     if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return trace.get_tracer("offerbus." + service)  # the API's no-op tracer
     if _provider is None:
@@ -106,9 +107,15 @@ def setup(service: str, *, batch: bool = True, **resource: str) -> trace.Tracer:
             exporter = OtlpJsonFileExporter(
                 path, max_bytes=_env_bytes("OFFERBUS_TRACES_MAX_BYTES", MAX_FILE_BYTES))
             provider.add_span_processor(processor(exporter, delay_ms=500))
+            _file = exporter.path.resolve()
         trace.set_tracer_provider(provider)
         _provider = provider
     return trace.get_tracer("offerbus." + service)
+
+
+def trace_file() -> Path | None:
+    """The OTLP-JSON file this process writes its spans to (None: it writes none)."""
+    return _file
 
 
 def tracer() -> trace.Tracer:
