@@ -118,7 +118,7 @@ def jobs(draw: st.DrawFn) -> Job:
     return Job(spec, port_names)
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(jobs())
 def test_a_valid_job_survives_a_round_trip(job: Job) -> None:
     assert jobfile.loads(jobfile.dumps(job)) == job
@@ -147,7 +147,7 @@ def _toml(value: Any) -> str:
     return "{" + ", ".join(f"{jobfile._str(k)} = {_toml(v)}" for k, v in value.items()) + "}"
 
 
-@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(st.dictionaries(keys, toml_values, max_size=8), st.booleans())
 def test_random_documents_raise_only_the_parsers_error(doc: dict[str, Any],
                                                        base: bool) -> None:
@@ -160,7 +160,7 @@ def test_random_documents_raise_only_the_parsers_error(doc: dict[str, Any],
     job.spec.check()  # what the parser accepts, the service framework takes
 
 
-@settings(max_examples=300)
+@settings(max_examples=300, deadline=None)
 @given(st.text(max_size=200))
 def test_random_text_raises_only_the_parsers_error(text: str) -> None:
     with contextlib.suppress(JobFileError):
@@ -284,7 +284,7 @@ def clusters(draw: st.DrawFn) -> tuple[ServiceSpec, dict[str, Any]]:
     return spec, {"agents": agents}
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(clusters())
 def test_the_plan_keeps_the_frameworks_rules(case: tuple[ServiceSpec, dict[str, Any]]) -> None:
     """Every instance is placed once or said unplaced with a reason; only on registered
