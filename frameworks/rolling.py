@@ -1,6 +1,7 @@
 """Rolling updates of a service (pure): which running instances launched from an older spec
 to replace now, so that at most `max_unavailable` of the wanted instances are down at any
-time (not RUNNING, unhealthy, missing, or being killed). A replaced instance is killed; the
+time (missing, not RUNNING, being killed, unhealthy, or, for a service with a health check,
+not yet reported healthy). A replaced instance is killed; the
 service framework relaunches it from the new spec as it does any instance that ended."""
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ class InstanceView(Protocol):
     digest: str
 
 
-def down(instances: Mapping[int, InstanceView], want: int) -> int:
-    """How many of the wanted instances (indexes < want) are not serving."""
+def down(instances: Mapping[int, InstanceView], want: int, checked: bool = False) -> int:
+    """How many of the wanted instances (indexes < want) are not serving; `checked`: the
+    service has a health check, and an instance serves once reported healthy."""
     return sum(1 for i in range(want)
                if (inst := instances.get(i)) is None or inst.state != RUNNING
-               or inst.kill_sent or inst.healthy is False)
+               or inst.kill_sent or inst.healthy is False
+               or (checked and inst.healthy is not True))
 
 
 def outdated(instances: Mapping[int, InstanceView], want: int, digest: str) -> list[int]:
@@ -36,7 +39,7 @@ def outdated(instances: Mapping[int, InstanceView], want: int, digest: str) -> l
 
 
 def to_replace(instances: Mapping[int, InstanceView], want: int, digest: str,
-               max_unavailable: int) -> list[int]:
+               max_unavailable: int, checked: bool = False) -> list[int]:
     """The instances to kill now for the rolling update to `digest`."""
-    budget = max(0, max_unavailable - down(instances, want))
+    budget = max(0, max_unavailable - down(instances, want, checked))
     return outdated(instances, want, digest)[:budget]

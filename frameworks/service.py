@@ -268,7 +268,9 @@ class ServiceScheduler(Scheduler):
                                              hostname=str(t.get("host", "")),
                                              agent_id=str(t.get("agent_id", "")),
                                              state=str(t.get("state", "")), attempts=attempt,
-                                             digest=str(t.get("digest", "")))
+                                             digest=str(t.get("digest", "")),
+                                             healthy=t.get("healthy") if isinstance(
+                                                 t.get("healthy"), bool) else None)
             self.by_task[t["task_id"]] = index
         self.framework_id = str(doc.get("framework_id", ""))
         return self.framework_id
@@ -414,8 +416,9 @@ class ServiceScheduler(Scheduler):
 
     def _roll(self, driver: SchedulerDriver) -> None:
         """A rolling update: replace instances of an older spec, a few at a time."""
-        for index in to_replace(self.instances, self.spec.instances,
-                                spec_digest(self.spec), self.spec.max_unavailable):
+        checked = bool(self.spec.health_cmd or self.spec.health_http)
+        for index in to_replace(self.instances, self.spec.instances, spec_digest(self.spec),
+                                self.spec.max_unavailable, checked):
             logger.info("rolling update: replacing", instance=index,
                         task=self.instances[index].task_id)
             self.replaced += 1

@@ -102,8 +102,10 @@ class JobRunnerCore:
     runners: dict[str, Runner] = field(default_factory=dict)
     # Job frameworks the master knows: framework id -> (job name, registered_at_us)
     frameworks: dict[str, tuple[str, int]] = field(default_factory=dict)
-    # Their live tasks: framework id -> task id -> (agent id, state name, spec digest)
-    tasks: dict[str, dict[str, tuple[str, str, str]]] = field(default_factory=dict)
+    # Their live tasks: framework id -> task id -> (agent id, state name, spec digest,
+    # healthy: None when never reported)
+    tasks: dict[str, dict[str, tuple[str, str, str, bool | None]]] = field(
+        default_factory=dict)
     now: float = 0.0
 
     # -- events ------------------------------------------------------------------------------
@@ -185,7 +187,9 @@ class JobRunnerCore:
             if live and fid in self.frameworks:
                 self.tasks.setdefault(fid, {})[tid] = (
                     value.task.agent_id, common_pb2.TaskState.Name(value.task.status.state),
-                    value.task.task_info.labels.get(SPEC_LABEL, ""))
+                    value.task.task_info.labels.get(SPEC_LABEL, ""),
+                    value.task.status.healthy if value.task.status.HasField("healthy")
+                    else None)
             elif fid in self.tasks:
                 self.tasks[fid].pop(tid, None)
 
@@ -196,12 +200,13 @@ class JobRunnerCore:
 
     def recovered(self, name: str, framework_id: str) -> dict[str, Any]:
         """What ServiceScheduler.recover reads: the framework id and each instance's task."""
-        tasks: dict[str, dict[str, str]] = {}
-        for tid, (agent_id, state, digest) in sorted(self.tasks.get(framework_id, {}).items()):
+        tasks: dict[str, dict[str, Any]] = {}
+        for tid, (agent_id, state, digest, healthy) in sorted(
+                self.tasks.get(framework_id, {}).items()):
             index, _ = instance_of(name, tid)
             if index is not None:
                 tasks[str(index)] = {"task_id": tid, "agent_id": agent_id, "state": state,
-                                     "digest": digest}
+                                     "digest": digest, "healthy": healthy}
         return {"framework_id": framework_id, "tasks": tasks}
 
     # -- decisions -------------------------------------------------------------------------

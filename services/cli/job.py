@@ -293,8 +293,9 @@ def cmd_list(args: argparse.Namespace) -> int:
     console.print(views.table(
         f"{len(rows)} job(s)", ("name", "role", "ver", "principal", "image", "want", "running",
                                 "runner", "why"),
-        ((r["name"], r["role"], r["version"], r["principal"], r["image"], r["instances"],
-          r["running"], r["runner"], r["why"] or "-") for r in rows)))
+        (tuple(str(v) for v in (r["name"], r["role"], r["version"], r["principal"],
+                                r["image"], r["instances"], r["running"], r["runner"],
+                                r["why"] or "-")) for r in rows)))
     if runner is None:
         console.print("no job runner answers: jobs are kept, and nothing keeps them running",
                       highlight=False)

@@ -85,9 +85,9 @@ def test_it_fails_over_to_the_jobs_framework_with_its_live_tasks() -> None:
     assert start.framework_id == "F2"  # the latest registered, of this runner's principal
     assert start.recovered == {"framework_id": "F2", "tasks": {
         "0": {"task_id": "web-0-3", "agent_id": "S1", "state": "TASK_RUNNING",
-              "digest": "d0"},
+              "digest": "d0", "healthy": None},
         "1": {"task_id": "web-1-1", "agent_id": "S1", "state": "TASK_RUNNING",
-              "digest": "d0"}}}
+              "digest": "d0", "healthy": None}}}
 
 
 def test_versions_update_and_removals_tear_down() -> None:

@@ -81,6 +81,22 @@ def test_an_unhealthy_instance_counts_as_down() -> None:
     assert kills(driver) == []  # one is already down: the budget of 1 is spent
 
 
+def test_with_a_health_check_an_instance_serves_once_reported_healthy() -> None:
+    sched, driver = started(2, health_cmd="true")
+    sched.set_spec(driver, dataclasses.replace(sched.spec, image="x"))
+    assert kills(driver) == []  # neither reported healthy yet: both count as down
+    for inst in sched.instances.values():
+        sched.update(driver, TS(task_id=inst.task_id, agent_id=inst.agent_id,
+                                state=common_pb2.TASK_RUNNING, healthy=True))
+    assert kills(driver) == ["web-0-1"]
+    settle(sched, driver, 2.0)  # its replacement RUNNING, health not reported yet
+    assert kills(driver) == ["web-0-1"]
+    new = sched.instances[0]
+    sched.update(driver, TS(task_id=new.task_id, agent_id=new.agent_id,
+                            state=common_pb2.TASK_RUNNING, healthy=True))
+    assert kills(driver) == ["web-0-1", "web-1-1"]
+
+
 def test_a_rollout_goes_on_after_the_scheduler_is_rebuilt_from_its_status() -> None:
     sched, driver = started(2)
     new = dataclasses.replace(sched.spec, image="x")
@@ -106,9 +122,10 @@ def test_never_more_than_max_unavailable_down(states: list[tuple[str, bool, str,
                                               want: int, budget: int) -> None:
     instances = {i: Instance(i, state=s, kill_sent=k, digest=d, healthy=h)
                  for i, (s, k, d, h) in enumerate(states)}
-    before = rolling.down(instances, want)
-    chosen = rolling.to_replace(instances, want, "b", budget)
-    for i in chosen:
-        instances[i].kill_sent = True
-    assert rolling.down(instances, want) <= max(budget, before)
-    assert all(instances[i].digest not in ("b", "") and i < want for i in chosen)
+    for checked in (False, True):
+        before = rolling.down(instances, want, checked)
+        chosen = rolling.to_replace(instances, want, "b", budget, checked)
+        after = {i: dataclasses.replace(x, kill_sent=x.kill_sent or i in chosen)
+                 for i, x in instances.items()}
+        assert rolling.down(after, want, checked) <= max(budget, before)
+        assert all(instances[i].digest not in ("b", "") and i < want for i in chosen)

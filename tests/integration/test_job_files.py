@@ -134,6 +134,8 @@ def test_plan_run_update_and_stop_a_job(cluster: Cluster, docker_client: Any,
              timeout=30, message="the standby job runner leads")
     listed = json.loads(ok(cluster, "job", "list", "--json"))["jobs"]
     assert [(j["name"], j["instances"]) for j in listed] == [(NAME, 3)], listed
+    table = ok(cluster, "job", "list")
+    assert NAME in table and "1 job(s)" in table, table
     out = ok(cluster, "job", "run", str(job_file(path, 4, greeting="bonjour")))
     assert f"{NAME}: 3 -> 4 instances" in out and f"{NAME}: 4 instances RUNNING" in out, out
     after = {c["Id"] for c in containers(docker_client, NAME) if c["State"] == "running"}
