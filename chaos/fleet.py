@@ -26,6 +26,7 @@ from typing import Any
 from chaos import netns
 from chaos.proxy import Degradation, Impairment
 from infra.zookeeper.server import ZooKeeperServer
+from services.procs import service_module
 
 ROLES = ("master", "allocator", "broker")
 BASE = {"master": 10, "allocator": 20, "broker": 30, "zk": 40, "agent": 100}
@@ -201,7 +202,7 @@ class Fleet:
                 host = name if spec.central_namespaces else None
                 addr = net.add_host(name, BASE[role] + i) if host else \
                     net.address(BASE[role] + i)
-                argv = ["-m", f"services.{role}", "--cluster", self.url, "--id", name,
+                argv = ["-m", service_module(role), "--cluster", self.url, "--id", name,
                         "--host", addr]
                 if role == "master":
                     argv += ["--heartbeat", str(spec.heartbeat)]
@@ -215,7 +216,7 @@ class Fleet:
         for i in range(1, spec.agents + 1):
             name = f"agent-{i}"
             addr = net.add_host(name, BASE["agent"] + i)
-            argv = ["-m", "services.agent", "--cluster", self.url, "--host", addr,
+            argv = ["-m", service_module("agent"), "--cluster", self.url, "--host", addr,
                     "--work-dir", str(self.run_dir / "agents" / name), "--hostname", name,
                     "--resources", agent_resources(spec.agent_resources, i - 1),
                     "--attributes", f"rack:{'abc'[(i - 1) % 3]}", "--runtime", "docker",

@@ -20,8 +20,12 @@ from typing import Any
 
 from services.shell import config
 
-ROLES = ("zookeeper", "master", "allocator", "broker", "agent")  # also the start order
-SERVICE_ROLES = ("master", "allocator", "broker", "agent")  # run from the services' config
+# Also the start order. "jobs" is the job runner (frameworks/jobrunner: `offerbus job run`
+# jobs run inside the cluster); the modules behind the roles: services/procs.py.
+ROLES = ("zookeeper", "master", "allocator", "broker", "jobs", "agent")
+SERVICE_ROLES = ("master", "allocator", "broker", "jobs", "agent")  # from the services' config
+OPTIONAL_ROLES = ("jobs",)  # a fleet may have none (then `offerbus job run` jobs wait)
+KEYED_ROLES = ("allocator", "jobs", "agent")  # they connect with their host's key pair
 UNIT_DIR = Path(__file__).resolve().parent / "systemd"
 DEFAULT_PREFIX = "/opt/offerbus"  # the prefix the unit files in infra/systemd/ name
 CONFIG_PATH = "/etc/offerbus/offerbus.toml"
@@ -255,10 +259,11 @@ def _check_fleet(hosts: Sequence[Host], path: str) -> None:
                 raise InventoryError(f"{path}: duplicate {attribute} {value!r} (hosts "
                                      f"{seen[value]!r} and {host.name!r})")
             seen[value] = host.name
-    missing = [r for r in ROLES if not any(r in h.roles for h in hosts)]
+    needed = [r for r in ROLES if r not in OPTIONAL_ROLES]
+    missing = [r for r in needed if not any(r in h.roles for h in hosts)]
     if missing:
         raise InventoryError(f"{path}: no host has the role(s) {', '.join(missing)}; a fleet "
-                             f"needs each of {', '.join(ROLES)}")
+                             f"needs each of {', '.join(needed)}")
     zk = sum("zookeeper" in h.roles for h in hosts)
     if zk % 2 == 0:
         raise InventoryError(f"{path}: {zk} ZooKeeper hosts: an ensemble needs an odd number "
@@ -306,13 +311,14 @@ def service_config(inv: Inventory, host: Host) -> str:
 
 
 def host_key(host: Host) -> str:
-    """The name of the key pair of the host's allocator and agent ("" if it runs neither)."""
-    return host.name if any(r in host.roles for r in ("allocator", "agent")) else ""
+    """The name of the key pair of the host's allocator, job runner and agent ("" if it runs
+    none of them)."""
+    return host.name if any(r in host.roles for r in KEYED_ROLES) else ""
 
 
 def key_names(inv: Inventory) -> list[str]:
-    """Every key pair of a keyed fleet: the server's, each allocator/agent host's and each
-    principal's (all of them admitted by masters and brokers)."""
+    """Every key pair of a keyed fleet: the server's, each allocator/job runner/agent host's
+    and each principal's (all of them admitted by masters and brokers)."""
     if not inv.curve:
         return []
     return [SERVER_KEY, *(host_key(h) for h in inv.hosts if host_key(h)),
@@ -335,13 +341,29 @@ def curve_options(inv: Inventory, host: Host, role: str) -> dict[str, str]:
     return out
 
 
+def jobs_principals(inv: Inventory) -> list[Principal]:
+    """The job runners' principals (their hosts' keys). A runner registers each job's
+    framework in the job's own role under its key's name, so it may use every role a job can
+    be submitted in: each role of a principal with the submit_job action (the master checks
+    the submitter's principal for the job's role; in the ACL "*" is the default role, not
+    "any"). It calls no operator action: none."""
+    roles = sorted({r for p in inv.principals if "submit_job" in p.actions for r in p.roles})
+    return [Principal(host_key(h), tuple(roles), ()) for h in inv.with_role("jobs")]
+
+
 def acl_file(inv: Inventory) -> str:
-    """The master's ACL: each principal's roles and operator actions; only the agent hosts'
-    keys may act as agents."""
+    """The master's ACL: each principal's roles and operator actions, and the job runner
+    hosts' keys (jobs_principals); only the agent hosts' keys may act as agents."""
     agents = [host_key(h) for h in inv.with_role("agent")]
     lines = ["# Rendered by infra.rollout from the inventory's [[principal]] entries.",
              f"agents = [{', '.join(json.dumps(a) for a in agents)}]"]
-    for p in inv.principals:
+    runners = jobs_principals(inv)
+    if runners:
+        lines += ["", "# The job runners' host keys: each registers the framework of every "
+                  "`offerbus job run`", "# job in the job's role, so it may use every role a "
+                  "principal may submit a job in", "# (the submitter's principal is checked "
+                  "for it on submit_job); it calls no operator action."]
+    for p in [*runners, *inv.principals]:
         lines += ["", f"[principals.{json.dumps(p.name)}]",
                   f"roles = [{', '.join(json.dumps(r) for r in p.roles)}]",
                   f"operator = [{', '.join(json.dumps(a) for a in p.actions)}]"]
@@ -350,8 +372,8 @@ def acl_file(inv: Inventory) -> str:
 
 def key_files(inv: Inventory, host: Host) -> list[File]:
     """The keys `host` gets: the server's public key; masters and brokers the server's secret
-    and every admitted public key; allocators and agents their host's secret. Secrets are
-    0600 and the services' user's."""
+    and every admitted public key; allocators, job runners and agents their host's secret.
+    Secrets are 0600 and the services' user's."""
     if not inv.curve or not any(r in SERVICE_ROLES for r in host.roles):
         return []
     out = [File(f"{KEYS_DIR}/{SERVER_KEY}.key", "", key=f"{SERVER_KEY}.key")]

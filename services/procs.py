@@ -1,6 +1,7 @@
 """Is a process alive? Written once for every service, tool and test (Linux /proc): a zombie
 is dead (it still answers kill(pid, 0) until its parent reaps it), and a recycled pid is
-told apart by the process's start time."""
+told apart by the process's start time. Also which Python module runs each service role
+(`python -m MODULE`), for `offerbus up`, the fleet rollout and the tests."""
 
 from __future__ import annotations
 
@@ -8,6 +9,16 @@ import os
 from pathlib import Path
 
 DEAD_STATES = frozenset("ZX")  # zombie, dead
+# The module behind each service role: what `offerbus up`, the systemd units
+# (infra/systemd/), the service image's entrypoint and the tests run as `python -m MODULE`.
+SERVICE_MODULES = {"master": "services.master", "allocator": "services.allocator",
+                   "broker": "services.broker", "agent": "services.agent",
+                   "jobs": "frameworks.jobrunner"}
+
+
+def service_module(role: str) -> str:
+    """The module `python -m` runs for a service role (KeyError for an unknown role)."""
+    return SERVICE_MODULES[role]
 
 
 def _stat_fields(pid: int) -> list[str] | None:

@@ -23,7 +23,7 @@ from typing import Any
 from rich.console import Console
 
 from services.cli.client import CliError, ElectionView, find_leader, http_get, state_path
-from services.procs import pid_alive
+from services.procs import pid_alive, service_module
 
 console = Console()
 RACKS = ("a", "b", "c")
@@ -65,7 +65,6 @@ class UpOptions:
 
 KEYED = {"master": "server", "broker": "server", "allocator": "allocator", "agent": "agent",
          "jobs": "jobs"}
-MODULES = {"jobs": "frameworks.jobrunner"}  # else services.<role>
 CLIENT_KEYS = ("operator",)  # the CLI's (and frameworks') key in a keyed local cluster
 
 
@@ -105,8 +104,7 @@ def central_argv(opts: UpOptions, url: str) -> list[tuple[str, list[str]]]:
             name, member = central_name(role, i)
             extra = {"master": ["--heartbeat", str(opts.heartbeat)],
                      "broker": ["--offer-timeout", str(opts.offer_timeout)]}.get(role, [])
-            module = MODULES.get(role, f"services.{role}")
-            out.append((name, ["-m", module, *common, *extra, "--id", member]))
+            out.append((name, ["-m", service_module(role), *common, *extra, "--id", member]))
     return out
 
 

@@ -41,6 +41,7 @@ SERVICES: dict[str, str] = {
     "allocator": "services.allocator.__main__:OPTIONS",
     "broker": "services.broker.__main__:OPTIONS",
     "agent": "services.agent.__main__:OPTIONS",
+    "jobs": "frameworks.jobrunner.__main__:OPTIONS",
     "emulator_agents": "services.emulator.__main__:AGENT_OPTIONS",
     "emulator_frameworks": "services.emulator.frameworks:OPTIONS"}
 DEPLOYED = ("master", "allocator", "broker", "agent")

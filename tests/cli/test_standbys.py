@@ -16,6 +16,7 @@ from services.bus.election import LeaderInfo, ZooKeeperContender
 from services.cli import cluster
 from services.cli import main as cli_main
 from services.cli.client import ElectionView
+from services.procs import service_module
 from tests.waiting import wait_for
 
 
@@ -39,7 +40,7 @@ def test_each_instance_has_its_own_process_name_and_id() -> None:
     assert len(set(ids)) == len(ids)
     for (name, argv), member in zip(plan, ids, strict=True):
         role = name.split("-")[0]
-        module = "frameworks.jobrunner" if role == "jobs" else f"services.{role}"
+        module = service_module(role)
         assert argv[:2] == ["-m", module] and member.startswith(f"{role}-")
         assert argv[argv.index("--cluster") + 1] == "zk://h/c"
     broker = dict(plan)["broker-2"]

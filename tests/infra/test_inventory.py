@@ -20,7 +20,7 @@ import pytest
 from infra import inventory, rollout
 from services.bus.curve import KeyPair
 from services.cli import config_cmd
-from services.master.acl import Acl
+from services.master.acl import ACTIONS, Acl
 
 EXAMPLE = Path(inventory.__file__).with_name("inventory.example.toml")
 
@@ -44,7 +44,8 @@ def small(hosts: list[tuple[str, str, list[str]]] = HOSTS, extra: str = "") -> s
 def test_the_example_fleet_has_the_documented_layout() -> None:
     inv = inventory.load(str(EXAMPLE))
     counts = {role: len(inv.with_role(role)) for role in inventory.ROLES}
-    assert counts == {"zookeeper": 3, "master": 3, "allocator": 2, "broker": 2, "agent": 4}
+    assert counts == {"zookeeper": 3, "master": 3, "allocator": 2, "broker": 2, "jobs": 2,
+                      "agent": 4}
 
 
 def test_every_rendered_config_loads_with_the_services_loader(tmp_path: Path) -> None:
@@ -383,3 +384,94 @@ def test_keys_are_generated_once_never_overwritten_and_sent_to_their_hosts(
     code, _, err = _run([str(fleet), "--keys", str(keys)])
     assert code == 2 and "ops.key and ops.key_secret must both be there" in err
     assert _secrets(keys) == first
+
+
+def _jobs_fleet(extra: str = "") -> inventory.Inventory:
+    """The small fleet with a job runner on its own host and on the agent host."""
+    return inventory.parse(small([*HOSTS[:1], ("agent-1", "10.9.0.2", ["agent", "jobs"]),
+                                  ("runner-1", "10.9.0.3", ["jobs"])], extra), "fleet.toml")
+
+
+def test_the_job_runner_is_rendered_like_the_other_services(tmp_path: Path) -> None:
+    inv = _jobs_fleet(extra="\n[services.jobs]\nhttp_port = 8084\nfailover_timeout = 60.0\n")
+    assert inventory.check_configs(inv) == []
+    by_name = {h.name: h for h in inv.hosts}
+    assert by_name["agent-1"].roles == ("jobs", "agent")  # the start order
+    for name, ident in (("agent-1", "jobs-agent-1"), ("runner-1", "jobs-runner-1")):
+        doc = tomllib.loads(inventory.service_config(inv, by_name[name]))
+        assert doc["jobs"] == {
+            "id": ident, "curve_secret_key_file": f"{inventory.KEYS_DIR}/{name}.key_secret",
+            "curve_server_key_file": f"{inventory.KEYS_DIR}/server.key",
+            "http_port": 8084, "failover_timeout": 60.0}
+        path = tmp_path / f"{name}.toml"
+        path.write_text(inventory.service_config(inv, by_name[name]))
+        lines, errors = config_cmd.check(str(path), ["jobs"], {})  # the runner's own options
+        assert errors == [] and f'id = "{ident}"' in "\n".join(lines)
+    bad = _jobs_fleet(extra="\n[services.jobs]\nfailover_timeout = -1\n")
+    errors = inventory.check_configs(bad)
+    assert len(errors) == 2 and all("failover_timeout" in e for e in errors)
+
+
+def test_a_job_runner_host_gets_its_host_key_and_the_masters_admit_it() -> None:
+    inv = _jobs_fleet()
+    assert inventory.key_names(inv) == ["server", "zk-1", "agent-1", "runner-1"]
+    runner = inv.hosts[2]
+    keys = {f.key: (f.path, f.mode, f.owner) for f in inventory.files_for(inv, runner) if f.key}
+    k = inventory.KEYS_DIR
+    assert keys == {"server.key": (f"{k}/server.key", "0644", "root"),
+                    "runner-1.key_secret": (f"{k}/runner-1.key_secret", "0600", inventory.USER)}
+    allowed = {f.key for f in inventory.files_for(inv, inv.hosts[0]) if "/allowed/" in f.path}
+    assert "runner-1.key" in allowed
+    files = {f.path: f.content for f in inventory.files_for(inv, runner)}
+    assert "/etc/systemd/system/offerbus-jobs.service" in files
+    assert "-m frameworks.jobrunner --config" in files["/etc/systemd/system/offerbus-jobs.service"]
+    assert inventory.CONFIG_PATH in files and inventory.ACL_PATH not in files
+
+
+def test_the_acl_lets_each_job_runner_use_every_role_and_no_operator_action() -> None:
+    """Every role a job can be submitted in (a role of a principal with submit_job): "*" is
+    the default role in the ACL, not "any", so the runner is given each such role."""
+    inv = _jobs_fleet(extra='\n[[principal]]\nname = "dev"\nroles = ["eng"]\n'
+                            'actions = ["submit_job", "remove_job"]\n'
+                            '\n[[principal]]\nname = "ops"\nroles = ["*", "web"]\n'
+                            'actions = ["submit_job", "kill_task"]\n'
+                            '\n[[principal]]\nname = "viewer"\nroles = ["secret"]\n')
+    text = inventory.acl_file(inv)
+    acl = Acl.parse(tomllib.loads(text))
+    for runner in ("agent-1", "runner-1"):
+        for role in ("*", "web", "eng", "eng/batch"):
+            assert acl.may_use_role(runner, role), (runner, role)
+        assert not acl.may_use_role(runner, "secret")  # nobody may submit a job there
+        assert not any(acl.may(runner, action) for action in sorted(ACTIONS))
+    assert not acl.may_act_as_agent("runner-1") and acl.may_act_as_agent("agent-1")
+    assert acl.may("dev", "submit_job") and not acl.may_use_role("dev", "web")
+    assert not acl.may_use_role("zk-1", "*")  # the allocator's key alone: no role
+    assert "job runner" in text  # the rendered file says why
+    # a fleet without job runners renders no such entry
+    plain = inventory.parse(small(extra='\n[[principal]]\nname = "ops"\nroles = ["*"]\n'
+                                        'actions = ["submit_job"]\n'))
+    assert inventory.jobs_principals(plain) == []
+    assert not Acl.parse(tomllib.loads(inventory.acl_file(plain))).may_use_role("agent-1", "*")
+
+
+def test_a_runner_key_named_like_a_principal_is_refused() -> None:
+    with pytest.raises(inventory.InventoryError, match="principal 'runner-1': the name"):
+        _jobs_fleet(extra='\n[[principal]]\nname = "runner-1"\nroles = ["*"]\n')
+
+
+def test_a_fleet_without_a_job_runner_is_valid_and_the_rollout_starts_the_runners(
+        tmp_path: Path) -> None:
+    inv = inventory.parse(small())
+    assert inv.with_role("jobs") == [] and inventory.check_configs(inv) == []
+    assert all("offerbus-jobs" not in s.what + " ".join(s.argv)
+               for s in inventory.plan(inv, str(rollout.REPO)))
+    with pytest.raises(inventory.InventoryError, match=r"no host has the role\(s\) master"):
+        inventory.parse(small([("zk-1", "10.9.0.1", ["zookeeper", "allocator", "broker",
+                                                       "jobs"]),
+                               ("agent-1", "10.9.0.2", ["agent"])]))
+    code, out, _ = _run([str(EXAMPLE), "--dry-run", "--only", "jobs", "--keys", str(tmp_path)])
+    assert code == 0
+    starts = re.findall(r"^# \[(\S+)\] start \(or restart\) (\w+)$", out, re.MULTILINE)
+    assert starts == [("sched-1", "jobs"), ("sched-2", "jobs")]
+    assert "systemctl restart offerbus-jobs.service" in out
+    assert "config check --service allocator --service broker --service jobs " in out

@@ -1,9 +1,10 @@
 """The rollout's rendered configuration files start a working cluster: an inventory with the
 services on distinct loopback addresses (127.0.0.2-4, each bound and advertised), rendered by
-infra/inventory.py, each service started as the units start it (`python -m services.<role>
---config FILE`), against the tests' ZooKeeper. The leaders advertise their own host's address
-and the agent registers under its inventory name. (The SSH half of the rollout is tested in
-test_inventory.py without contacting any host: no sshd here.)"""
+infra/inventory.py, each service (the job runner too) started as the units start it
+(`python -m MODULE --config FILE`, services/procs.py), against the tests' ZooKeeper. The
+leaders advertise their own host's address and the agent registers under its inventory
+name. (The SSH half of the rollout is tested in test_inventory.py without contacting any
+host: no sshd here.)"""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import pytest
 from infra import inventory
 from infra.rollout import REPO
 from services.cli.client import http_get
+from services.procs import service_module
 from tests.e2e import leader_of, stop_processes
 from tests.waiting import wait_for
 
@@ -66,7 +68,7 @@ roles = ["master"]
 [[host]]
 name = "sched-1"
 address = "127.0.0.3"
-roles = ["allocator", "broker"]
+roles = ["allocator", "broker", "jobs"]
 [[host]]
 name = "worker-1"
 address = "127.0.0.4"
@@ -85,7 +87,7 @@ attributes = "rack:r1"
                 extra = ["--work-dir", str(tmp_path / "agent")] if role == "agent" else []
                 with open(tmp_path / f"{host.name}-{role}.log", "wb") as log:
                     procs.append(subprocess.Popen(
-                        [sys.executable, "-m", f"services.{role}", "--config", str(path),
+                        [sys.executable, "-m", service_module(role), "--config", str(path),
                          *extra], cwd=REPO, stdout=log, stderr=subprocess.STDOUT))
         yield inv, tmp_path
     finally:
@@ -101,7 +103,7 @@ def test_rendered_configs_start_a_cluster_on_distinct_addresses(
         return "\n".join(f"== {p.name}\n{p.read_text()[-1500:]}" for p in logs.glob("*.log"))
 
     for role, address in (("master", "127.0.0.2"), ("allocator", "127.0.0.3"),
-                          ("broker", "127.0.0.3")):
+                          ("broker", "127.0.0.3"), ("jobs", "127.0.0.3")):
         leader = wait_for(partial(leader_of, url, role, timeout=1.0), 60,
                           message=f"no {role} leader (logs under {logs})",
                           ignore=(AssertionError,))

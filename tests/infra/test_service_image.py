@@ -41,7 +41,7 @@ def image() -> Iterator[str]:
         _docker("image", "rm", "-f", tag, base)
 
 
-@pytest.mark.parametrize("role", ["master", "allocator", "broker", "agent"])
+@pytest.mark.parametrize("role", ["master", "allocator", "broker", "jobs", "agent"])
 def test_every_role_runs_in_the_image(image: str, role: str) -> None:
     done = _docker("run", "--rm", image, role, "--help")
     assert done.returncode == 0, done.stderr

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from infra import inventory
+from infra.rollout import REPO
+from services.procs import SERVICE_MODULES, service_module
 
 ANALYZE = shutil.which("systemd-analyze")
 needs_analyze = pytest.mark.skipif(ANALYZE is None,
@@ -82,8 +84,8 @@ def test_units_restart_with_a_limit_and_run_unprivileged(role: str) -> None:
     assert service["ProtectSystem"] in ("full", "strict")
     assert "network-online.target" in unit["Unit"]["After"]
     if role != "zookeeper":
-        assert service["ExecStart"] == (f"/opt/offerbus/venv/bin/python -m services.{role} "
-                                        f"--config {inventory.CONFIG_PATH}")
+        assert service["ExecStart"] == (f"/opt/offerbus/venv/bin/python -m "
+                                        f"{service_module(role)} --config {inventory.CONFIG_PATH}")
         assert service["RestartPreventExitStatus"] == "2"  # a configuration error
 
 
@@ -93,5 +95,21 @@ def test_the_agent_leaves_its_executors_running() -> None:
     assert "docker" in unit["Service"]["SupplementaryGroups"].split()
     assert "docker.service" in unit["Unit"]["After"]
     assert "docker.service" in unit["Unit"]["Wants"]
-    for role in ("master", "allocator", "broker"):
+    for role in ("master", "allocator", "broker", "jobs"):
         assert _unit(role)["Service"].get("KillMode", "control-group") == "control-group"
+
+
+def test_every_service_role_has_a_unit_and_the_image_runs_its_module() -> None:
+    """The units and the service image's entrypoint name the module services/procs.py gives
+    each role (the one place that says it), and every service role the rollout knows has one."""
+    assert set(inventory.SERVICE_ROLES) == set(SERVICE_MODULES)
+    entrypoint = (REPO / "infra" / "entrypoint.sh").read_text()
+    for role in inventory.SERVICE_ROLES:
+        assert (inventory.UNIT_DIR / f"offerbus-{role}.service").exists()
+        module = service_module(role)
+        plain = module == f"services.{role}"
+        run = 'exec python -m "services.$role"' if plain else f"exec python -m {module} "
+        assert run in entrypoint, role
+        if not plain:
+            assert f"\n  {role}) {run}" in entrypoint
+        assert f"{role}|" in entrypoint.split("case")[1]  # taken as the first argument

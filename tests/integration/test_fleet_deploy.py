@@ -1,15 +1,17 @@
 """A cluster deployed across four namespaced hosts (issue 11): each host a network namespace
 with its own address on eth0 (a veth on the fleet's bridge, chaos/netns.py); host-a runs
-ZooKeeper, the master, the allocator and the offer-broker, host-b and host-c an agent each
-(Docker runtime), host-d is the operator's machine. Every service is started inside its
-host's namespace as the systemd units start it (`python -m services.<role> --config FILE`)
-from the offerbus.toml infra/inventory.py renders for that host, with CURVE on: a key pair
-per service and for the client (`offerbus keys` code), the master and the broker admit only
-the fleet's public keys, the master's ACL names the client's principal. From host-d,
-`offerbus job run` submits a 2-instance job constrained hostname-unique; both instances run
-on agents of different hosts (the master's /state read from host-d, and Docker's containers
+ZooKeeper, the master, the allocator, the offer-broker and the job runner, host-b and host-c
+an agent each (Docker runtime), host-d is the operator's machine. Every service is started
+inside its host's namespace as the systemd units start it (`python -m MODULE --config FILE`,
+services/procs.py) from the offerbus.toml infra/inventory.py renders for that host, with
+CURVE on: a key pair per service and for the client (`offerbus keys` code), the master and
+the broker admit only the fleet's public keys, the master's ACL names the client's principal
+(roles, and the submit_job/remove_job actions) and the job runner's (roles only). From
+host-d, `offerbus job run` submits a 2-instance job constrained hostname-unique; the job
+runner on host-a runs its framework (no framework process on host-d); both instances run on
+agents of different hosts (the master's /state read from host-d, and Docker's containers
 labelled with the cluster id); `offerbus job stop` removes them. A client on host-d without
-the keys gets no framework registered (no offers). Everything (processes, executors,
+the keys cannot submit a job. Everything (processes, executors,
 containers, ZooKeeper, namespaces) is removed in a `finally` by chaos.fleet.clean, from the
 fleet.json the test records (so `offerbus chaos clean RUN_DIR` finds a crashed run's too)."""
 
@@ -30,8 +32,11 @@ import pytest
 from chaos import fleet, netns
 from infra import inventory
 from infra.rollout import REPO
+from services.cli.client import http_get
 from services.cli.keys import generate
 from services.executor.runtime import LABEL_CLUSTER
+from services.master.records import JOB_LABEL
+from services.procs import service_module
 from tests.e2e import leader_of
 from tests.waiting import wait_for
 
@@ -40,10 +45,13 @@ pytestmark = pytest.mark.integration
 HOSTS = {"host-a": 11, "host-b": 101, "host-c": 102, "host-d": 201}  # host -> address number
 AGENTS = ("host-b", "host-c")
 CLIENT = "deployer"  # the client's key name, hence its principal in the master's ACL
+RUNNER = "jobs-a"  # the job runner's key name: the principal its jobs' frameworks register as
 ACL = f"""
 [principals.{CLIENT}]
 roles = ["*"]
-operator = ["teardown_framework", "kill_task"]
+operator = ["teardown_framework", "kill_task", "submit_job", "remove_job"]
+[principals.{RUNNER}]
+roles = ["*"]
 """
 
 
@@ -72,7 +80,7 @@ resources = "cpus:2;mem:1024;disk:1024;ports:[31000-31009]"
 [[host]]
 name = "host-a"
 address = "{addr['host-a']}"
-roles = ["zookeeper", "master", "allocator", "broker"]
+roles = ["zookeeper", "master", "allocator", "broker", "jobs"]
 [host.master]
 curve_secret_key_file = "{keys / 'server.key_secret'}"
 acl_file = "{run / 'acl.toml'}"
@@ -80,6 +88,8 @@ acl_file = "{run / 'acl.toml'}"
 curve_secret_key_file = "{keys / 'allocator.key_secret'}"
 [host.broker]
 curve_secret_key_file = "{keys / 'server.key_secret'}"
+[host.jobs]
+curve_secret_key_file = "{keys / f'{RUNNER}.key_secret'}"
 {agents}"""
 
 
@@ -159,7 +169,7 @@ def test_a_job_from_another_host_runs_on_agents_of_different_hosts_with_curve(
         # the servers admit only the public keys in `allowed`.
         keys, allowed = run / "keys", run / "keys" / "allowed"
         allowed.mkdir(parents=True)
-        for name in ("server", "allocator", *AGENTS, CLIENT):
+        for name in ("server", "allocator", RUNNER, *AGENTS, CLIENT):
             generate(keys, name)
             shutil.copy(keys / f"{name}.key", allowed)
         (run / "acl.toml").write_text(ACL)
@@ -192,7 +202,7 @@ def test_a_job_from_another_host_runs_on_agents_of_different_hosts_with_curve(
             for role in (r for r in node.roles if r in inventory.SERVICE_ROLES):
                 with open(run / "logs" / f"{node.name}-{role}.log", "wb") as log:
                     proc = subprocess.Popen(
-                        net.wrap(node.name, [sys.executable, "-m", f"services.{role}",
+                        net.wrap(node.name, [sys.executable, "-m", service_module(role),
                                              "--config", str(config)]),
                         cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
                         stdin=subprocess.DEVNULL, start_new_session=True)
@@ -203,7 +213,7 @@ def test_a_job_from_another_host_runs_on_agents_of_different_hosts_with_curve(
         def cluster_up() -> bool:
             dead = [n for n, p in zip(pids, procs, strict=True) if p.poll() is not None]
             assert not dead, f"{dead} exited\n{logs()}"
-            for role in ("master", "allocator", "broker"):
+            for role in ("master", "allocator", "broker", "jobs"):
                 leader_of(url, role, timeout=1.0)
             out = client("agents", "--json")
             assert out.returncode == 0, out.stdout + out.stderr
@@ -221,10 +231,28 @@ def test_a_job_from_another_host_runs_on_agents_of_different_hosts_with_curve(
         master = leader_of(url, "master")
         assert f"//{zk_host.address}:" in master.endpoints["http"], master.endpoints
 
-        # The job, from host-d: both instances RUNNING, on agents of two different hosts.
+        runner = leader_of(url, "jobs")
+        assert runner.member_id == "jobs-host-a", runner
+        assert f"//{zk_host.address}:" in runner.endpoints["http"], runner.endpoints
+
+        # The job, from host-d: both instances RUNNING, on agents of two different hosts,
+        # its framework run by the job runner on host-a (its principal the runner's key),
+        # none on host-d.
         name = f"fleet-{fleet_id}"
         out = client("job", "run", str(_job(run / "job.toml", name, 2)), "--timeout", "90")
         assert out.returncode == 0, out.stdout + out.stderr + logs()
+        assert _client_pids(run / "client") == []
+        state = http_get(master.endpoints["http"] + "/state", 5.0)
+        [framework] = [f["framework_info"] for f in state["frameworks"]
+                       if f["framework_info"].get("name") == name]
+        assert framework.get("principal") == RUNNER, framework
+        assert framework.get("labels", {}).get(JOB_LABEL) == name, framework
+        out = client("job", "list", "--json")
+        assert out.returncode == 0, out.stderr
+        listed = json.loads(out.stdout)
+        assert listed["job_runner"] is True
+        assert [(j["name"], j["principal"], j["running"]) for j in listed["jobs"]] == [
+            (name, CLIENT, 2)], listed
         out = client("tasks", "--json")
         assert out.returncode == 0, out.stderr
         tasks = [t for t in json.loads(out.stdout) if t["framework"] == name]
@@ -235,7 +263,8 @@ def test_a_job_from_another_host_runs_on_agents_of_different_hosts_with_curve(
         assert {c["Labels"]["org.offerbus.task_id"] for c in containers} == {
             t["id"] for t in tasks}
 
-        # A client on host-d without the keys: its framework never registers (no offers).
+        # A client on host-d without the keys cannot submit a job (the master admits only the
+        # fleet's keys): the cluster keeps no such job and runs no such framework.
         rogue = f"rogue-{fleet_id}"
         out = client("job", "run", str(_job(run / "rogue.toml", rogue, 1)), "--stall", "8",
                      keyed=False)
@@ -243,6 +272,9 @@ def test_a_job_from_another_host_runs_on_agents_of_different_hosts_with_curve(
         out = client("frameworks", "--json")
         names = {f.get("name") for f in json.loads(out.stdout)}
         assert name in names and rogue not in names, names
+        out = client("job", "list", "--json")
+        assert [j["name"] for j in json.loads(out.stdout)["jobs"]] == [name]
+        assert _client_pids(run / "client") == []
 
         out = client("job", "stop", name, "--timeout", "60")
         assert out.returncode == 0, out.stdout + out.stderr
@@ -263,7 +295,7 @@ def test_a_job_from_another_host_runs_on_agents_of_different_hosts_with_curve(
 
 
 def _client_pids(run_dir: Path) -> list[int]:
-    """The processes the CLI started on host-d (the jobs' service frameworks)."""
+    """The processes the CLI started on host-d (none: jobs run in the cluster's job runner)."""
     from services.cli import cluster
 
     return list(cluster.running(run_dir).values()) if run_dir.exists() else []
