@@ -126,9 +126,27 @@ def cmd_run(args: argparse.Namespace) -> int:
                       f"{spec.max_unavailable} instance(s) down at a time", highlight=False)
     if args.no_wait:
         return 0
-    if differ:
-        return wait_rollout(args, url, spec)
-    return lifecycle.wait_running(args, console, url, spec.instances, None)
+    try:
+        if differ:
+            return wait_rollout(args, url, spec)
+        return lifecycle.wait_running(args, console, url, spec.instances, None)
+    except CliError as exc:
+        raise CliError(f"{exc}{runner_says(url, spec.name, args.timeout)}") from None
+
+
+def runner_says(url: str, name: str, timeout: float) -> str:
+    """What the job runner says of job `name` (its phase, why its framework last ended or
+    cannot run): appended to a stuck `job run`."""
+    try:
+        doc = runner_state(url, timeout)
+    except CliError:
+        doc = None
+    entry = (doc or {}).get("jobs", {}).get(name)
+    if not entry:
+        return " The job runner does not run it (is one up? `offerbus status`)."
+    facts = [f"{k.replace('_', ' ')}: {entry[k]}" for k in ("phase", "error", "last_end")
+             if entry.get(k)]
+    return f" The job runner says: {'; '.join(facts)}." if facts else ""
 
 
 def rollout_counts(state: dict[str, Any], name: str, digest: str) -> Counter[str]:
