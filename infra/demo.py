@@ -64,6 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
    {venv} roles                      fair shares per role (any listing takes --json)
    {venv} agents / frameworks        the fleet and who uses it
    {venv} job plan frameworks/jobs/web.toml   where a job file's instances would go
+   {venv} job run frameworks/jobs/web.toml    a job the cluster keeps running (`job list`)
    {venv} roles quota demo --limit cpus:0.3   cap a role (then `{venv} why demo`)
    {venv} chaos run chaos/scenarios/short.toml   a short fault campaign on its own fleet
    dashboard, /state and /metrics:   the master's address in `{venv} status`
