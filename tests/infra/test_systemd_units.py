@@ -87,6 +87,10 @@ def test_units_restart_with_a_limit_and_run_unprivileged(role: str) -> None:
         assert service["ExecStart"] == (f"/opt/offerbus/venv/bin/python -m "
                                         f"{service_module(role)} --config {inventory.CONFIG_PATH}")
         assert service["RestartPreventExitStatus"] == "2"  # a configuration error
+        # Spans kept under its state directory, served at /traces (`offerbus trace`).
+        text = inventory.unit(role, "/opt/offerbus")
+        assert (f"Environment=OFFERBUS_TRACES_DIR=/var/lib/{service['StateDirectory']}/traces"
+                in text.splitlines())
 
 
 def test_the_agent_leaves_its_executors_running() -> None:
