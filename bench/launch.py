@@ -1,7 +1,9 @@
 """Time from submit to N RUNNING containers (N = 20, 50 and 100), three runs each, measured in
 one run on the same engine, the systems' order rotated each run so none always goes first:
-Offerbus through its CLI as a user types it (`offerbus run --name X --image I --instances N
--- sleep 3600` against a local 3-agent cluster: it returns once N instances are RUNNING), a
+Offerbus through its CLI as a user types it, two ways (`offerbus run --name X --image I
+--instances N -- sleep 3600`, which starts the service framework on the submitting machine,
+and `offerbus job run FILE`, which submits the job to the cluster's job runner; against a
+local 3-agent cluster; each returns once N instances are RUNNING), a
 single-node Docker Swarm at its best (image by ID with --no-resolve-image, polled through the
 API), and the floor: N containers started straight from the docker SDK by 8 threads. Also the
 agent-side memory per Offerbus task: the PSS (/proc/PID/smaps_rollup) of the processes serving
@@ -35,7 +37,7 @@ SIZES = (20, 50, 100)
 RUNS = 3
 LABEL = "org.offerbus.bench"
 DEADLINE = 240.0
-SYSTEMS = ("floor", "swarm", "offerbus")
+SYSTEMS = ("floor", "swarm", "offerbus", "offerbus-job")
 
 
 def _wait(predicate: Any, timeout: float, what: str) -> None:
@@ -127,6 +129,23 @@ def offerbus_run(client: docker.DockerClient, run_dir: Path, n: int, run: int,
     return elapsed, pss, procs
 
 
+def offerbus_job_run(client: docker.DockerClient, run_dir: Path, n: int, run: int,
+                     ) -> tuple[float, float, int]:
+    """(seconds from `offerbus job run FILE` to its return with N RUNNING, PSS MiB,
+    processes): the same service, submitted to the cluster's job runner."""
+    name = f"job{n}r{run}"
+    path = run_dir / f"{name}.toml"
+    path.write_text(f'name = "{name}"\nimage = "{IMAGE}"\ncommand = ["sleep", "3600"]\n'
+                    f'instances = {n}\n[resources]\ncpus = 0.1\nmem = 32\n')
+    t = time.perf_counter()
+    _cli(run_dir, "job", "run", str(path))
+    elapsed = time.perf_counter() - t
+    pss, procs = executor_pss(run_dir, name)
+    _cli(run_dir, "job", "stop", name)
+    _gone(client, f"org.offerbus.cluster_id={local_cluster.known_cluster_id(run_dir)}")
+    return elapsed, pss, procs
+
+
 def main() -> None:
     hosts = os.environ.get(HOSTS_ENV, "1") != "0"
     print("bench launch: submit -> N RUNNING containers (Offerbus CLI, Docker Swarm, docker "
@@ -150,20 +169,24 @@ def main() -> None:
             pss: list[float] = []
             load: list[float] = []  # 1-minute load average after each run: how quiet it was
             for r in range(RUNS):
-                for system in SYSTEMS[k % 3:] + SYSTEMS[:k % 3]:  # none always runs first
+                turn = k % len(SYSTEMS)
+                for system in SYSTEMS[turn:] + SYSTEMS[:turn]:  # none always runs first
                     if system == "floor":
                         times[system].append(floor_run(client, n))
                     elif system == "swarm":
                         times[system].append(swarm_run(client, image_id, n))
                     else:
-                        elapsed, mib, procs = offerbus_run(client, run_dir, n, r)
+                        how = offerbus_run if system == "offerbus" else offerbus_job_run
+                        elapsed, mib, procs = how(client, run_dir, n, r)
                         times[system].append(elapsed)
-                        pss.append(mib / n)
+                        if system == "offerbus":
+                            pss.append(mib / n)
                 k += 1
                 load.append(os.getloadavg()[0])
                 progress(f"N={n} run {r + 1}/{RUNS}: floor {times['floor'][-1]:.2f}s, swarm "
-                         f"{times['swarm'][-1]:.2f}s, offerbus {times['offerbus'][-1]:.2f}s, "
-                         f"{pss[-1]:.2f} MiB/task over {procs} processes, load {load[-1]:.1f}")
+                         f"{times['swarm'][-1]:.2f}s, offerbus run {times['offerbus'][-1]:.2f}s,"
+                         f" job run {times['offerbus-job'][-1]:.2f}s, {pss[-1]:.2f} MiB/task "
+                         f"over {procs} processes, load {load[-1]:.1f}")
             results[f"n{n}"] = {s: {"runs": v, **_summary(v)} for s, v in times.items()}
             results[f"n{n}"]["pss_mib_per_task"] = {"runs": pss, **_summary(pss)}
             results[f"n{n}"]["load_average"] = load
@@ -181,20 +204,24 @@ def _summary(xs: list[float]) -> dict[str, float]:
 
 
 def _table(results: dict[str, Any]) -> None:
-    print(f"\n{'N':>4} {'docker SDK (floor)':>22} {'Swarm (by ID)':>22} {'Offerbus CLI':>22}"
-          f" {'Ob/floor':>9} {'Ob/Swarm':>9} {'PSS/task':>9}")
+    print(f"\n{'N':>4} {'docker SDK (floor)':>22} {'Swarm (by ID)':>22} {'offerbus run':>22}"
+          f" {'offerbus job run':>22} {'run/floor':>9} {'run/Swarm':>9} {'job/floor':>9}"
+          f" {'job/Swarm':>9} {'PSS/task':>9}")
     for n in SIZES:
         row = results[f"n{n}"]  # name -> {"runs", "min", "median", "max"}
         cells = [f"{row[k]['median']:.2f}s ({row[k]['min']:.2f}-{row[k]['max']:.2f})"
                  for k in SYSTEMS]
-        of = row["offerbus"]["median"] / row["floor"]["median"]
-        os_ = row["offerbus"]["median"] / row["swarm"]["median"]
-        row["ratios"] = {"offerbus_over_floor": of, "offerbus_over_swarm": os_,
-                         "swarm_over_floor": row["swarm"]["median"] / row["floor"]["median"]}
+        floor, swarm = row["floor"]["median"], row["swarm"]["median"]
+        run, job = row["offerbus"]["median"], row["offerbus-job"]["median"]
+        row["ratios"] = {"offerbus_over_floor": run / floor, "offerbus_over_swarm": run / swarm,
+                         "job_over_floor": job / floor, "job_over_swarm": job / swarm,
+                         "swarm_over_floor": swarm / floor}
         pss = row["pss_mib_per_task"]["median"]
-        print(f"{n:>4} {cells[0]:>22} {cells[1]:>22} {cells[2]:>22} {of:>8.2f}x {os_:>8.2f}x"
-              f" {pss:>5.2f} MiB")
-    print("(median of 3, min-max in brackets; PSS/task: the executors' processes, agent side)")
+        print(f"{n:>4} {cells[0]:>22} {cells[1]:>22} {cells[2]:>22} {cells[3]:>22}"
+              f" {run / floor:>8.2f}x {run / swarm:>8.2f}x {job / floor:>8.2f}x"
+              f" {job / swarm:>8.2f}x {pss:>5.2f} MiB")
+    print("(median of 3, min-max in brackets; PSS/task: the executors' processes, agent side, "
+          "of `offerbus run`)")
 
 
 if __name__ == "__main__":
