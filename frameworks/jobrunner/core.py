@@ -97,6 +97,7 @@ class _Job:
 class JobRunnerCore:
     principal: str = ""  # the frameworks this runner registers carry it
     leading: bool = False
+    paused: bool = False  # the reign is in doubt (its ZooKeeper session): start nothing
     synced: bool = False  # a whole snapshot of the stream was applied
     jobs: dict[str, _Job] = field(default_factory=dict)
     runners: dict[str, Runner] = field(default_factory=dict)
@@ -113,9 +114,20 @@ class JobRunnerCore:
         self.now, self.leading = now, True
         return self._reconcile()
 
+    def pause(self) -> list[Command]:
+        """Running schedulers go on (they talk to the master, not to ZooKeeper); nothing is
+        started, restarted or updated until `resume` (another runner may lead by then); a
+        removed job's scheduler is still stopped."""
+        self.paused = True
+        return []
+
+    def resume(self, now: float) -> list[Command]:
+        self.now, self.paused = now, False
+        return self._reconcile()
+
     def step_down(self) -> list[Command]:
         out: list[Command] = [Stop(name, failover=True) for name in sorted(self.runners)]
-        self.leading, self.synced = False, False
+        self.leading, self.synced, self.paused = False, False, False
         self.runners.clear()
         return out
 
@@ -160,6 +172,8 @@ class JobRunnerCore:
         return self._reconcile()
 
     def next_deadline(self) -> float | None:
+        if self.paused:
+            return None
         times = [r.not_before for r in self.runners.values() if r.phase is Phase.ENDED]
         return min(times) if times else None
 
@@ -214,9 +228,11 @@ class JobRunnerCore:
         if not self.leading or not self.synced:
             return []
         out: list[Command] = []
-        for name in sorted(set(self.runners) - set(self.jobs)):
+        for name in sorted(set(self.runners) - set(self.jobs)):  # removed jobs: even paused
             del self.runners[name]
             out.append(Stop(name, failover=False))
+        if self.paused:
+            return out
         for name, job in sorted(self.jobs.items()):
             if job.spec is None:
                 continue

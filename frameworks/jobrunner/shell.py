@@ -97,9 +97,12 @@ class JobRunnerShell(ServiceKit):
     def _pause(self, reason: str) -> None:
         """The schedulers talk to the master, not to ZooKeeper: they go on; nothing new
         starts until the reign resumes or ends."""
+        self._run(self.core.pause())
+        log.info("paused", reason=reason)
 
     def _resume(self, epoch: int) -> None:
-        self._run(self.core.tick(self.reactor.now()))
+        self._run(self.core.resume(self.reactor.now()))
+        log.info("resumed", epoch=epoch)
 
     def _step_down(self, reason: str) -> None:
         if self.subscriber is not None:

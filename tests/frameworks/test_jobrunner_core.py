@@ -113,6 +113,19 @@ def test_an_ended_framework_restarts_after_a_doubling_back_off() -> None:
     core.validate()
 
 
+def test_a_paused_reign_starts_and_restarts_nothing_until_it_resumes() -> None:
+    core, _ = leading(job("web"))
+    core.subscribed("web", "F1", 0.5)
+    assert core.pause() == []
+    assert core.ended("web", "framework F1 failed over to another scheduler", 1.0) == [
+        Stop("web", failover=True)]
+    assert core.next_deadline() is None and core.tick(100.0) == []
+    assert core.stream([job("api")], 100.0) == []  # nothing new either
+    out = core.resume(101.0)
+    assert sorted(type(c).__name__ + c.name for c in out) == ["Startapi", "Startweb"]
+    core.validate()
+
+
 def test_stepping_down_stops_every_scheduler_with_failover() -> None:
     core, _ = leading(job("web"), job("api"))
     assert core.step_down() == [Stop("api", failover=True), Stop("web", failover=True)]
@@ -168,6 +181,16 @@ class RunnerMachine(RuleBasedStateMachine):
     def lead(self) -> None:
         if not self.core.leading:
             self.apply(self.core.lead(self.now))
+
+    @rule()
+    def pause(self) -> None:
+        if self.core.leading:
+            self.apply(self.core.pause())
+
+    @rule()
+    def resume(self) -> None:
+        if self.core.leading and self.core.paused:
+            self.apply(self.core.resume(self.now))
 
     @rule()
     def step_down(self) -> None:
