@@ -1,7 +1,7 @@
 """The master's web dashboard against a live cluster (ZooKeeper, master, allocator,
 offer-broker, two agents, the process runtime), loaded in headless Chromium: it shows the
-agents and tasks the master's /state (its state stream) reports, the leader and its epoch,
-and the allocator's decisions; a task named like markup shows as text, never as an element;
+agents, tasks and jobs the master's /state (its state stream) reports, the leader and its
+epoch, and the allocator's decisions; a task named like markup shows as text, never as an element;
 a screenshot lands in tests/artifacts/dashboard.png."""
 
 from __future__ import annotations
@@ -21,8 +21,11 @@ from typing import Any
 import pytest
 
 from frameworks.sdk.driver import SchedulerDriver
+from frameworks.spec import ServiceSpec
 from infra.zookeeper import ZooKeeperServer
 from schemas import common_pb2
+from services.cli.client import find_leader, operator_call
+from services.cli.job import submit_call
 from tests.e2e import Cluster, Recorder, framework, local_cluster_in, sleep_task
 from tests.waiting import wait_for
 
@@ -131,9 +134,17 @@ def test_the_dashboard_shows_what_the_state_stream_reports(cluster: Cluster,
     rec = Recorder(on_offers=on_offers)
     driver = SchedulerDriver(rec, framework("dash"), cluster.url)
     driver.start()
+    # A job, run by the cluster's job runner: the page lists it with its running instances.
+    job = ServiceSpec(name="dash-job", image="-", instances=1, cpus=0.1, mem=16,
+                      command=["sleep", "600"], runtime="process")
+    operator_call(find_leader(cluster.url), submit_call(job))
     try:
         wait_for(lambda: all(rec.state_of(t) == common_pb2.TASK_RUNNING for t in wanted), 60,
                  message=lambda: f"tasks not running: {dict(rec.updates)}")
+        wait_for(lambda: [t["task_info"]["task_id"] for t in cluster.state()["tasks"]
+                          if t["task_info"]["task_id"].startswith("dash-job-")
+                          and t["status"]["state"] == "TASK_RUNNING"], 60,
+                 message="the job's instance not running")
         state = cluster.state()
         url = cluster.leader().endpoints["http"] + "/"
 
@@ -157,8 +168,10 @@ def test_the_dashboard_shows_what_the_state_stream_reports(cluster: Cluster,
         assert all(tasks[t][4] == "running" for t in wanted)
         assert tasks["dash-evil"][1] == EVIL  # the markup shows as its characters ...
         assert "img" not in dom.elements and dom.title == "Offerbus"  # ... and never ran
-        [fw] = dom.tables["frameworks"]
-        assert fw[0] == rec.framework_id and fw[1] == "dash"
+        [fw] = [f for f in dom.tables["frameworks"] if f[1] == "dash"]
+        assert fw[0] == rec.framework_id
+        [job_row] = dom.tables["jobs"]
+        assert job_row[:7] == ["dash-job", "*", "1", "-", "-", "1", "1"], job_row
         leader = re.search(r"master (\S+) leading, epoch (\S+?) ·", raw)
         assert leader is not None and leader.groups() == (state["master_id"], str(state["epoch"]))
         assert f"cluster {state['cluster_id']} " in raw
@@ -178,7 +191,8 @@ def test_the_dashboard_shows_what_the_state_stream_reports(cluster: Cluster,
         with urllib.request.urlopen(base + "/state/events", timeout=30) as stream:
             first = next_state(stream)
             assert {t["task_info"]["task_id"]: t["status"]["state"] for t in first["tasks"]
-                    } == {t: "TASK_RUNNING" for t in wanted}
+                    if t["framework_id"] == rec.framework_id} == {t: "TASK_RUNNING"
+                                                                  for t in wanted}
             driver.kill("dash-b")
             deadline = time.monotonic() + 30
             while True:  # each read waits at most the socket's timeout

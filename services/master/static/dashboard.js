@@ -150,6 +150,27 @@ function renderFrameworks(doc) {
      "allocator", "why", "decided"], rows, "No frameworks."));
 }
 
+function renderJobs(doc) {
+  const running = {}, framework = {};
+  for (const f of doc.frameworks || []) {
+    const job = (f.framework_info.labels || {})["offerbus.job"];
+    if (job) framework[f.framework_info.framework_id] = job;
+  }
+  for (const t of doc.tasks || []) {
+    const job = framework[t.framework_id];
+    if (job && t.status && t.status.state === "TASK_RUNNING") running[job] = (running[job] || 0) + 1;
+  }
+  const rows = (doc.jobs || []).map(j => {
+    const spec = j.spec || {};
+    return [j.name, j.role || "*", num(Number(j.version || 0)), j.principal || "-",
+            spec.image || "", num(spec.instances || 0), num(running[j.name] || 0),
+            ago(j.updated_at_us)];
+  });
+  document.getElementById("jobs").replaceChildren(table(
+    ["job", "role", "version", "principal", "image", "instances", "running", "updated"],
+    rows, "No jobs."));
+}
+
 function renderTasks(doc) {
   const names = {}, hosts = {};
   for (const f of doc.frameworks || []) names[f.framework_info.framework_id] = f.framework_info.name;
@@ -175,6 +196,7 @@ function render(doc) {
   renderAgents(doc);
   renderRoles(doc);
   renderFrameworks(doc);
+  renderJobs(doc);
   renderTasks(doc);
 }
 
