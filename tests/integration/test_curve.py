@@ -28,14 +28,17 @@ from tests.e2e import Cluster, Recorder, framework, local_cluster_in, sleep_task
 from tests.waiting import wait_for
 
 # allowed; agent-2 is an agent's key that never registered an agent
-KNOWN = ("server", "allocator", "agent", "agent-2", "framework", "operator", "viewer")
+KNOWN = ("server", "allocator", "agent", "agent-2", "framework", "operator", "viewer", "jobs")
 # The master's ACL (services/master/acl.py): principals are the allowed keys' names.
 ACL = """
 agents = ["agent", "agent-2"]
 [principals.framework]
 roles = ["*", "web"]
 [principals.operator]
-operator = ["kill_task"]
+operator = ["kill_task", "submit_job", "remove_job"]
+roles = ["web"]
+[principals.jobs]
+roles = ["web"]
 [principals.viewer]
 operator = ["get_logs"]
 """
@@ -96,7 +99,7 @@ def keyed(zk: ZooKeeperServer, zk_admin: Any,
     env = {"OFFERBUS_CURVE_SERVER_KEY_FILE": str(keys / "server.key"),
            "OFFERBUS_MASTER_ACL_FILE": str(root / "acl.toml")}
     for service, key in (("master", "server"), ("broker", "server"),
-                         ("allocator", "allocator"), ("agent", "agent")):
+                         ("allocator", "allocator"), ("agent", "agent"), ("jobs", "jobs")):
         env[f"OFFERBUS_{service.upper()}_CURVE_SECRET_KEY_FILE"] = str(keys / f"{key}.key_secret")
         env[f"OFFERBUS_{service.upper()}_CURVE_ALLOWED_DIR"] = str(allowed)
     with pytest.MonkeyPatch.context() as mp:
@@ -214,6 +217,47 @@ def test_the_acl_refuses_a_role_and_an_operator_action_not_given_and_counts_them
     assert agent["status"] == "AGENT_STATUS_REGISTERED"
 
 
+def test_jobs_follow_the_submitters_acl_and_run_under_the_runners_key(keyed: Keyed,
+                                                                      tmp_path: Path) -> None:
+    """The operator may submit jobs in role web (its ACL), which the job runner (its own
+    key, principal `jobs`) runs; a role not given, or a principal without submit_job, is
+    refused and counted; only the submitter removes its job."""
+    c = keyed.cluster
+    job = tmp_path / "job.toml"
+
+    def write(role: str) -> str:
+        job.write_text(f'name = "keyed"\nimage = "-"\ncommand = ["sleep", "600"]\n'
+                       f'role = "{role}"\ninstances = 1\n[resources]\ncpus = 0.1\n'
+                       f'mem = 16\n')
+        return str(job)
+
+    before = notices(c, "acl_refused")
+    for name, role, why in (("operator", "ops", "principal 'operator' may not use role 'ops'"),
+                            ("viewer", "web", "principal 'viewer' may not submit_job")):
+        out = cli(keyed, "job", "run", write(role), "--no-wait", env=keyed.env(name))
+        said = out.stdout + out.stderr
+        assert out.returncode == 1 and why in said, said
+    assert notices(c, "acl_refused") >= before + 1  # (the role check is the job's own)
+    assert c.state()["jobs"] == []
+    out = cli(keyed, "job", "run", write("web"), "--no-wait", env=keyed.env("operator"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    [record] = c.state()["jobs"]
+    assert (record["name"], record["principal"], record["role"]) == ("keyed", "operator", "web")
+
+    def running() -> bool:
+        fws = [f for f in c.state()["frameworks"]
+               if f["framework_info"].get("labels", {}).get("offerbus.job") == "keyed"]
+        return bool(fws) and fws[0]["framework_info"]["principal"] == "jobs" and any(
+            t["status"]["state"] == "TASK_RUNNING" for t in c.state()["tasks"]
+            if t["framework_id"] == fws[0]["framework_info"]["framework_id"])
+    wait_for(running, 60, message="the job never ran under the runner's key")
+    out = cli(keyed, "job", "stop", "keyed", env=keyed.env("viewer"))
+    assert out.returncode == 1 and "may not remove_job" in out.stdout + out.stderr
+    out = cli(keyed, "job", "stop", "keyed", env=keyed.env("operator"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert c.state()["jobs"] == []
+
+
 def test_an_agent_with_another_allowed_key_cannot_take_over_an_agent_id(keyed: Keyed) -> None:
     """agent-2's key is allowed, but agent-1's id was registered by the `agent` key: an
     agent started with agent-2's key and agent-1's id (its work dir's agent_id) is refused,
@@ -255,7 +299,7 @@ def test_offerbus_up_with_curve_runs_a_keyed_cluster(
         [agent] = keyed.cluster.state()["agents"]  # the agent got in with its key
         assert agent["status"] == "AGENT_STATUS_REGISTERED"
         assert sorted(p.name for p in (run_dir / "keys" / "allowed").iterdir()) == [
-            "agent.key", "allocator.key", "operator.key", "server.key"]
+            "agent.key", "allocator.key", "jobs.key", "operator.key", "server.key"]
         out = cli(keyed, "kill", "t", "--framework", "f", env={})
         assert "no answer from the master" in out.stdout + out.stderr
         out = cli(keyed, "kill", "t", "--framework", "f", env=keyed.env("operator"))
