@@ -1,7 +1,8 @@
-"""A chaos campaign: bring up a fleet, start the workload, play the scenario's faults one at a
-time (apply, repair after its duration, wait for recovery, settle) and measure each one on
-one clock: detection time, MTTR, service tasks lost, status updates lost or wrong, duplicate
-launches and invariant violations. Returns (and writes) the JSON report."""
+"""A chaos campaign: bring up a fleet, submit the chaos job to its job runner, start the
+workload, play the scenario's faults one at a time (apply, repair after its duration, wait
+for recovery, settle) and measure each one on one clock: detection time, MTTR, service and
+job tasks lost, status updates lost or wrong, duplicate launches and invariant violations.
+Returns (and writes) the JSON report."""
 
 from __future__ import annotations
 
@@ -16,15 +17,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chaos.fleet import ROLES, Fleet
+from chaos import jobwatch
+from chaos.fleet import Fleet
 from chaos.probe import Probe, Sample
 from chaos.proxy import Impairment
 from chaos.scenario import DEGRADE, Fault, Scenario
-from chaos.workload import Workload, check_short_tasks
+from chaos.workload import IMAGE, Workload, check_short_tasks
 from chaos.workload import start as start_workload
 from services import tasks as ts
 
 POLL_S = 0.05
+MAX_WAITED = 30  # changes of what a recovery waits on, kept per fault
 
 
 @dataclass
@@ -42,6 +45,8 @@ class Outcome:
     duplicates: list[str] = field(default_factory=list)
     violations: list[dict[str, Any]] = field(default_factory=list)
     waiting_for: str = ""  # what was still missing when recovery timed out
+    # what recovery waited on, as it changed: (seconds since the fault, what was missing)
+    waited: list[tuple[float, str]] = field(default_factory=list)
 
 
 class Campaign:
@@ -62,6 +67,7 @@ class Campaign:
                                                           i - 1)).quantities()
             for i in range(1, scenario.fleet.agents + 1)}
         self.probe = Probe(self.fleet)
+        self.probe.job.instances = scenario.job_instances if scenario.fleet.jobs else 0
         self.t0 = 0.0
         self.outcomes: list[Outcome] = []
         self._old_endpoint: str | None = None
@@ -78,6 +84,10 @@ class Campaign:
         try:
             self.t0 = time.monotonic()
             self.probe.start()
+            if self.probe.job.instances:
+                self.progress(0, total, "submitting the chaos job")
+                jobwatch.submit(self.fleet.url, jobwatch.job_spec(self.probe.job.instances,
+                                                                  IMAGE))
             driver = start_workload(self.fleet.url, self.work)
             self.progress(0, total, "waiting for the workload")
             self._wait_steady(time.monotonic(), None, self.s.recovery_timeout * 2)
@@ -153,6 +163,8 @@ class Campaign:
                 # launched there with no word yet: may be starting in it, so may end with it
                 w.excused |= self._must_end | {t for t in live if w.where.get(t) == host
                                                and t not in w.executor_of}
+            with self.probe.lock:  # the job's instances there end too (relaunched)
+                self.probe.job.excuse(host, ids)
             return f"executor:{pid}"
         return t
 
@@ -222,11 +234,16 @@ class Campaign:
             missing = self._missing(start, since, victim if agent_hit else None) \
                 if (repaired is not None or not waits_repair) else "the fault still holds"
             if unseats and not missing:
-                # A hit leader is replaced (offers in flight before the fault still arrive)
+                # A hit leader is replaced (offers in flight before the fault still arrive;
+                # a new job runner: _missing saw it serve the job, connected, all running)
                 if out.detected_s is None:
                     missing = f"{victim} still leads"
-                elif not self.work.any_offer_since(start + out.detected_s):
+                elif fault.target != "leader:jobs" and \
+                        not self.work.any_offer_since(start + out.detected_s):
                     missing = "no offer since the new leader"
+            if missing and (not out.waited or out.waited[-1][1] != missing) \
+                    and len(out.waited) < MAX_WAITED:
+                out.waited.append((round(now - start, 3), missing))
             if not missing:
                 out.mttr_s = round(time.monotonic() - start, 3)
                 break
@@ -288,7 +305,7 @@ class Campaign:
             return "no probe sample"
         if sample.serving is None:
             return "no master serving"
-        unled = [r for r in ROLES if sample.leaders.get(r) is None]
+        unled = [r for r in self.s.fleet.elected() if sample.leaders.get(r) is None]
         if unled:
             return f"no leader for {unled}"
         want = set(self.fleet.members("agent"))
@@ -312,7 +329,8 @@ class Campaign:
         running = self.work.running_service()
         if running < self.work.instances:
             return f"service at {running}/{self.work.instances} running"
-        return ""
+        with self.probe.lock:
+            return self.probe.job.missing(sample.job)
 
     def _wait_steady(self, start: float, agent: str | None, timeout: float) -> None:
         self._old_endpoint = None
@@ -344,6 +362,13 @@ class Campaign:
         for task_id, seen in self.probe.duplicates.items():
             o = owner(seen)
             (o.duplicates if o else self.unattributed["duplicates"]).append(task_id)
+        with self.probe.lock:
+            job_events = list(self.probe.job.events)
+        for seen, kind, detail in job_events:  # the job's instances lost or relaunched
+            o = owner(seen)
+            key = "tasks_lost" if kind == "lost" else "duplicates"
+            self.unattributed.setdefault(key, [])
+            (getattr(o, key) if o else self.unattributed[key]).append(f"job {detail}")
 
     # -- the report ------------------------------------------------------------------------------
     def report(self) -> dict[str, Any]:
@@ -371,6 +396,11 @@ class Campaign:
             # ends heard only as reconciliation answers (reported, not counted as lost)
             "short_reconciled_only": getattr(self, "reconciled_only", []),
             "service_instances": self.work.instances,
+            "job_instances": self.probe.job.instances,
+            # every job task the probe saw (instance index, agent, whether it ended, lost)
+            "job_tasks": {t: {"index": r.index, "agent": r.agent, "ended": r.ended,
+                              "lost": r.lost, "excused": t in self.probe.job.excused}
+                          for t, r in sorted(self.probe.job.tasks.items())},
             "timeline": timeline[::2],
             "containers": containers,
             "events": self.events,

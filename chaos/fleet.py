@@ -1,11 +1,11 @@
 """A real fleet on one machine for chaos campaigns and multi-host tests: a 3-node ZooKeeper
-ensemble, masters, allocators and offer-brokers (each an OS process bound to its own address
-on the fleet's bridge) and N agents, each in its own network namespace (a "VM" with a veth
-link to the bridge), Docker containers as tasks. `Fleet` starts, signals, restarts,
+ensemble, masters, allocators, offer-brokers and job runners (each an OS process bound to its
+own address on the fleet's bridge) and N agents, each in its own network namespace (a "VM"
+with a veth link to the bridge), Docker containers as tasks. `Fleet` starts, signals, restarts,
 partitions and tears all of it down; `clean(run_dir)` removes a crashed run's leftovers.
 
 Addresses on the fleet's /24: .1 the root namespace, .11+ masters, .21+ allocators, .31+ brokers,
-.41+ ZooKeeper servers, .101+ agents (their namespaces)."""
+.41+ ZooKeeper servers, .51+ job runners, .101+ agents (their namespaces)."""
 
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ from chaos.proxy import Degradation, Impairment
 from infra.zookeeper.server import ZooKeeperServer
 from services.procs import service_module
 
-ROLES = ("master", "allocator", "broker")
-BASE = {"master": 10, "allocator": 20, "broker": 30, "zk": 40, "agent": 100}
+ROLES = ("master", "allocator", "broker", "jobs")  # elected roles ("jobs": job runners)
+BASE = {"master": 10, "allocator": 20, "broker": 30, "zk": 40, "jobs": 50, "agent": 100}
 ZK_PORTS = (2181, 2888, 3888)  # each server has its own address, so the usual ports
 IMAGE = "offerbus/busybox:latest"
 
@@ -40,6 +40,7 @@ class FleetSpec:
     masters: int = 3
     allocators: int = 2
     brokers: int = 2
+    jobs: int = 2  # job runners (python -m frameworks.jobrunner): a leader and hot standbys
     zookeepers: int = 3
     tick_ms: int = 200
     heartbeat: float = 1.0
@@ -53,7 +54,12 @@ class FleetSpec:
     master_env: dict[str, str] = field(default_factory=dict)
 
     def counts(self) -> dict[str, int]:
-        return {"master": self.masters, "allocator": self.allocators, "broker": self.brokers}
+        return {"master": self.masters, "allocator": self.allocators, "broker": self.brokers,
+                "jobs": self.jobs}
+
+    def elected(self) -> list[str]:
+        """The roles the fleet runs (each must be led)."""
+        return [r for r in ROLES if self.counts()[r] > 0]
 
 
 class FleetError(RuntimeError):
@@ -117,7 +123,7 @@ class FleetZooKeeper(ZooKeeperServer):
 @dataclass
 class Proc:
     name: str
-    role: str  # master, allocator, broker, agent
+    role: str  # master, allocator, broker, jobs, agent
     argv: list[str]
     host: str | None  # its namespace's host name (None: the root namespace)
     address: str
@@ -167,12 +173,24 @@ class Fleet:
         if os.geteuid() != 0:
             raise FleetError("a fleet needs root (network namespaces)")
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._fresh()
         self._record()
         try:
             self._start(timeout, progress or (lambda _msg: None))
         except BaseException:
             self.stop()
             raise
+
+    def _fresh(self) -> None:
+        """Nothing of an earlier fleet in this run dir: its leftovers removed (by its record),
+        its agents' checkpoints and its ZooKeeper data gone. Else the new agents recover
+        the old run's executors and tasks (same task ids, other frameworks) into the new
+        cluster, and the ensemble its registry."""
+        import shutil
+
+        clean(self.run_dir, quiet=True)
+        for stale in ("agents", "zk"):
+            shutil.rmtree(self.run_dir / stale, ignore_errors=True)
 
     def _start(self, timeout: float, progress: Any) -> None:
         spec = self.spec
@@ -195,7 +213,7 @@ class Fleet:
         hosts = ",".join(z.hosts for z in self.zookeepers)
         self._ensure_chroot(hosts)
         self.url = f"zk://{hosts}/offerbus?session_timeout={spec.session_timeout:g}"
-        progress("masters, allocators, brokers")
+        progress("masters, allocators, brokers, job runners")
         for role, count in spec.counts().items():
             for i in range(1, count + 1):
                 name = f"{role}-{i}"
@@ -301,7 +319,7 @@ class Fleet:
             dead = [n for n, p in self.procs.items() if not p.alive() and not p.stopped]
             if dead:
                 raise FleetError(f"{', '.join(dead)} exited; see {self.run_dir / 'logs'}")
-            leaders = {r: self.leader(r, 1.0) for r in ROLES}
+            leaders = {r: self.leader(r, 1.0) for r in self.spec.elected()}
             missing = [r for r, v in leaders.items() if v is None]
             if not missing:
                 try:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chaos.fleet import ROLES, Fleet
+from chaos.jobwatch import JobView, JobWatch
 from schemas import common_pb2
 from services import tasks as ts
 
@@ -36,6 +37,7 @@ class Sample:
     not_registered: set[str]
     running_tasks: int  # by the master
     endpoints: dict[str, str]  # agent hostname -> its endpoint (a new one per incarnation)
+    job: JobView | None = None  # the chaos job (None: the campaign runs none)
 
 
 @dataclass
@@ -49,6 +51,7 @@ class Probe:
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
     _http: dict[str, str] = field(default_factory=dict)  # master id -> http endpoint
+    job: JobWatch = field(default_factory=JobWatch)  # guarded by `lock` too
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="chaos-probe", daemon=True)
@@ -88,9 +91,12 @@ class Probe:
 
     def _sample(self, election: Any, started: float) -> None:
         leaders: dict[str, str | None] = {}
+        runner_http: str | None = None
         for role in ROLES:
             members = election.members(role) or []
             leaders[role] = members[0].member_id if members else None
+            if role == "jobs" and members:
+                runner_http = members[0].endpoints.get("http")
             if role == "master":
                 for m in members:
                     if "http" in m.endpoints:
@@ -121,11 +127,27 @@ class Probe:
         running = 0
         if doc:
             running = self._check_allocation(doc, at)
+        job = None
+        if self.job.instances:
+            phase = self._job_phase(runner_http, leaders.get("jobs"))
+            with self.lock:
+                job = self.job.observe_master(doc, phase, at)
         sample = Sample(started, at, leaders, serving, epoch, registered, other, running,
-                        endpoints)
+                        endpoints, job)
         with self.lock:
             self.samples.append(sample)
             del self.samples[:-MAX_SAMPLES]
+
+    def _job_phase(self, http: str | None, leader: str | None) -> str | None:
+        """The leading job runner's phase for the job ("" if it has none; None when no
+        runner answers as leader)."""
+        proc = self.fleet.procs.get(leader or "")
+        if http is None or proc is None or not proc.alive() or proc.stopped:
+            return None
+        doc = _get(f"{http}/jobs", 0.5)
+        if doc is None or not doc.get("leading"):
+            return None
+        return str(doc.get("jobs", {}).get(self.job.name, {}).get("phase", ""))
 
     def _check_allocation(self, doc: dict[str, Any], at: float) -> int:
         """Running tasks by the master; a violation when an agent's live tasks use more
@@ -169,6 +191,9 @@ class Probe:
         for c in listed:
             by_task[(c.get("Labels") or {}).get(LABEL_TASK, "")] += 1
         with self.lock:
+            if self.job.instances:
+                self.job.observe_containers(
+                    [(c.get("Labels") or {}).get(LABEL_TASK, "") for c in listed], t)
             self.containers.append((t, len(listed)))
             del self.containers[:-MAX_SAMPLES]
             for task_id, n in by_task.items():

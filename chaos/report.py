@@ -72,7 +72,8 @@ def print_summary(report: dict[str, Any], console: Console | None = None) -> Non
     sc = report["scenario"]
     table = Table(title=f"chaos {sc['name']} (seed {sc['seed']}, fleet {report['fleet_id']}: "
                         f"{sc['fleet']['agents']} agents, {report['service_instances']} "
-                        f"service containers, {report['short_tasks']} short tasks)")
+                        f"service containers, {report.get('job_instances', 0)} job "
+                        f"instances, {report['short_tasks']} short tasks)")
     for col in ("fault", "n", "recovered", "detect p50 s", "MTTR p50 s", "MTTR p95 s",
                 "MTTR max s", "tasks lost", "updates lost", "updates wrong", "dup launches",
                 "violations"):

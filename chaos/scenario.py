@@ -16,10 +16,11 @@ from chaos.fleet import FleetSpec
 
 KINDS = ("signal", "partition", "latency", "loss")
 DEGRADE = ("latency", "loss")  # through chaos/proxy.py
-PEERS = ("master", "allocator", "broker", "agent", "zk")
+PEERS = ("master", "allocator", "broker", "jobs", "agent", "zk")
 SIGNALS = ("SIGKILL", "SIGTERM", "SIGSTOP")
 TARGETS = ("leader:master", "standby:master", "leader:allocator", "standby:allocator",
-           "leader:broker", "standby:broker", "agent", "zk", "zk:leader", "executor")
+           "leader:broker", "standby:broker", "leader:jobs", "standby:jobs", "agent", "zk",
+           "zk:leader", "executor")
 
 
 class ScenarioError(ValueError):
@@ -93,6 +94,7 @@ class Scenario:
     fleet: FleetSpec = field(default_factory=FleetSpec)
     instances: int = 3  # long-running service containers
     short_interval: float = 1.0  # seconds between short tasks
+    job_instances: int = 3  # instances of the chaos job (chaos/jobwatch.py; 0: no job)
     settle: float = 1.0  # steady seconds between a recovery and the next fault
     recovery_timeout: float = 60.0  # a fault not recovered by then counts as failed
     drain: float = 10.0  # seconds at the end for the last updates to arrive
@@ -126,8 +128,11 @@ def parse(doc: dict[str, Any], name: str = "scenario") -> Scenario:
     scen = Scenario(name=str(top.get("name", name)), seed=int(top.get("seed", 1)),
                     fleet=fleet)
     for key, value in {**doc.get("workload", {}), **doc.get("campaign", {})}.items():
-        if key not in ("instances", "short_interval", "settle", "recovery_timeout", "drain"):
+        if key not in ("instances", "short_interval", "job_instances", "settle",
+                       "recovery_timeout", "drain"):
             raise ScenarioError(f"[workload]/[campaign]: unknown key {key!r}")
+        if key == "job_instances" and not 0 <= int(value) <= 100:
+            raise ScenarioError(f"job_instances {value}: 0..100")
         setattr(scen, key, type(getattr(scen, key))(value))
     scen.faults = [Fault(**_fields(Fault, f, "[[fault]]")).check()
                    for f in doc.get("fault", [])]
@@ -138,6 +143,12 @@ def parse(doc: dict[str, Any], name: str = "scenario") -> Scenario:
         pool += [Fault(**_fields(Fault, entry, "[[random]]")).check()] * count
     random.Random(scen.seed).shuffle(pool)
     scen.faults += pool
+    for f in scen.faults:  # a leader or standby the fleet runs
+        if f.target.startswith(("leader:", "standby:")):
+            kind, role = f.target.split(":")
+            if fleet.counts()[role] < (2 if kind == "standby" else 1):
+                raise ScenarioError(f"target {f.target}: the fleet runs "
+                                    f"{fleet.counts()[role]} of role {role}")
     return scen
 
 

@@ -174,8 +174,12 @@ class JobRunnerShell(ServiceKit):
             info.capabilities.append(common_pb2.FrameworkInfo.CAPABILITY_PARTITION_AWARE)
             if cmd.framework_id:
                 info.framework_id = scheduler.recover(cmd.recovered)
+            # Taking a job over from a runner that died (or lost its lead): its connection
+            # may still look alive to the master for a while; `force` takes the framework
+            # over at once (only this runner's principal may: the master binds it).
             driver = SchedulerDriver(scheduler, info, self.config.election_url,
-                                     context=self.ctx, curve=self.curve.client)
+                                     context=self.ctx, curve=self.curve.client,
+                                     force=bool(cmd.framework_id))
             self.schedulers[cmd.name] = (scheduler, driver)
             driver.start()
             log.info("job started", job=cmd.name, version=cmd.version,

@@ -44,6 +44,25 @@ def test_the_degraded_scenario_parses_into_latency_and_loss_faults() -> None:
     assert scen.faults[0].jitter_ms == 50 and scen.faults[1].stall_ms == 400
 
 
+def test_job_runner_targets_parse_and_the_default_campaign_hits_them() -> None:
+    scen = sc.parse({"fleet": {"jobs": 2}, "workload": {"job_instances": 4}, "fault": [
+        {"target": "leader:jobs", "signal": "SIGKILL"},
+        {"target": "leader:jobs", "signal": "SIGSTOP", "duration": 3.0},
+        {"target": "standby:jobs", "signal": "SIGTERM"},
+        {"kind": "partition", "target": "leader:jobs", "peer": "zk"}]})
+    assert [f.label() for f in scen.faults] == [
+        "SIGKILL leader:jobs", "SIGSTOP leader:jobs", "SIGTERM standby:jobs",
+        "partition leader:jobs|zk"]
+    assert scen.job_instances == 4 and scen.fleet.elected() == [
+        "master", "allocator", "broker", "jobs"]
+    assert sc.parse({"fleet": {"jobs": 0}}).fleet.elected() == ["master", "allocator", "broker"]
+    labels = [f.label() for f in sc.load(SCENARIOS / "default.toml").faults]
+    assert labels.count("SIGKILL leader:jobs") >= 4 and labels.count("SIGSTOP leader:jobs") >= 1
+    short = sc.load(SCENARIOS / "short.toml")
+    assert "SIGKILL leader:jobs" in [f.label() for f in short.faults]
+    assert short.fleet.jobs >= 2 and short.job_instances >= 1
+
+
 @pytest.mark.parametrize("doc, words", [
     ({"fault": [{"target": "leader:nobody"}]}, "target"),
     ({"fault": [{"signal": "SIGHUP"}]}, "signal"),
@@ -55,6 +74,10 @@ def test_the_degraded_scenario_parses_into_latency_and_loss_faults() -> None:
     ({"fleet": {"agentz": 3}}, "agentz"),
     ({"campaign": {"setle": 1}}, "setle"),
     ({"faults": []}, "faults"),
+    ({"fault": [{"target": "leader:jobz"}]}, "target"),
+    ({"fleet": {"jobs": 0}, "fault": [{"target": "leader:jobs"}]}, "runs 0 of role jobs"),
+    ({"fleet": {"jobs": 1}, "random": [{"target": "standby:jobs"}]}, "runs 1 of role jobs"),
+    ({"workload": {"job_instances": -1}}, "job_instances"),
 ])
 def test_a_bad_scenario_is_refused_naming_what_is_wrong(doc: dict[str, Any], words: str) -> None:
     with pytest.raises(sc.ScenarioError, match=words):
@@ -121,3 +144,16 @@ def test_the_framework_reports_an_agent_offered_twice_at_once() -> None:
     assert work.violations == []
     fw._check_offers([offer("o3", 1.5), offer("o4", 1.5)], 2.0)
     assert [v["kind"] for v in work.violations] == ["offered twice at once"]
+
+
+def test_a_fleet_starts_without_an_earlier_runs_agent_checkpoints_or_zookeeper_data(
+        tmp_path: Path) -> None:
+    """An earlier run's agent checkpoints put its tasks (the same ids) into the new cluster."""
+    from chaos.fleet import Fleet
+
+    for stale in ("agents/agent-1/meta/state.json", "zk/zk1/data/myid", "logs/agent-1.log"):
+        (tmp_path / stale).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / stale).write_text("old")
+    Fleet(tmp_path)._fresh()
+    assert not (tmp_path / "agents").exists() and not (tmp_path / "zk").exists()
+    assert (tmp_path / "logs" / "agent-1.log").read_text() == "old"  # logs are kept

@@ -1,6 +1,7 @@
 """The chaos suite on a real fleet (namespaces, ZooKeeper ensemble, Docker): a short campaign
-passes with no loss, duplicate or violation, and a fleet that breaks an invariant on purpose
-(agents skipping the checkpoint of terminal status updates) fails it."""
+(a leading job runner's kill among its faults) passes with no loss, duplicate or violation,
+and a fleet that breaks an invariant on purpose (agents skipping the checkpoint of terminal
+status updates) fails it."""
 
 from __future__ import annotations
 
@@ -38,9 +39,18 @@ def test_short_campaign_recovers_without_loss(tmp_path: Path, busybox_image: str
     assert failures(report) == []
     rows = {r["fault"]: r for r in summary(report)}
     assert set(rows) == {"SIGKILL leader:master", "SIGKILL agent", "partition agent|master",
-                         "SIGKILL zk:leader", "partition leader:master|zk", "SIGKILL executor"}
+                         "SIGKILL leader:jobs", "SIGKILL zk:leader",
+                         "partition leader:master|zk", "SIGKILL executor"}
     assert all(r["recovered"] == r["n"] for r in rows.values())
     assert report["short_tasks"] > 0
+    # The job ran through a leading job runner's kill: every instance it had still runs
+    # (none ended, none relaunched) but for those of an executor the suite killed.
+    jobs = report["job_tasks"]
+    assert report["job_instances"] == 3 and len(jobs) >= 3
+    assert [t for t, r in jobs.items() if r["lost"] or (r["ended"] and not r["excused"])] == []
+    assert len([t for t, r in jobs.items() if not r["ended"]]) == 3
+    assert rows["SIGKILL leader:jobs"]["tasks_lost"] == rows["SIGKILL leader:jobs"][
+        "duplicates"] == 0
 
 
 @pytest.mark.timeout(200)
