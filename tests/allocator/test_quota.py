@@ -5,7 +5,7 @@ want; decline the rest)."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from bench.drf import Greedy, GreedyCluster
@@ -248,6 +248,7 @@ def test_a_sub_role_of_unknown_demand_next_to_declared_ones() -> None:
     assert (c.count("fx"), c.count("fy"), c.count("fb"), c.revoked) == (3, 3, 6, 0)
 
 
+@example(agents=[1], fws=[("r2/x", 1)], guarantees={"r2": 1}, limits={"r0": 0, "r2/x": 0})
 @settings(max_examples=60, deadline=None)
 @given(agents=st.lists(st.integers(1, 6), min_size=1, max_size=4),
        fws=st.lists(st.tuples(st.sampled_from(["r0", "r1", "r2", "r2/x", "*"]),
@@ -260,8 +261,9 @@ def test_guarantees_are_met_when_satisfiable_and_limits_never_passed(
         agents: list[int], fws: list[tuple[str, int]], guarantees: dict[str, int],
         limits: dict[str, int]) -> None:
     """Greedy frameworks of 1-CPU tasks arrive together: every guaranteed role holds at
-    least min(guarantee, what its frameworks want) when the guarantees fit the cluster
-    together, and no limited role holds more than its limit."""
+    least min(guarantee, what its frameworks want and their sub-roles' limits let them
+    take) when the guarantees fit the cluster together, and no limited role holds more
+    than its limit."""
     c = GreedyCluster({f"a{i}": Resources.of(cpus=n, mem=64 * GB)
                        for i, n in enumerate(agents)})
     for role, g in guarantees.items():
@@ -277,7 +279,12 @@ def test_guarantees_are_met_when_satisfiable_and_limits_never_passed(
                    if fr == r or fr.startswith(r + "/")) for r in ("r0", "r1", "r2", "*")}
     if sum(guarantees.values()) <= sum(agents):
         for role, g in guarantees.items():
-            want = sum(n for fr, n in fws if fr == role or fr.startswith(role + "/"))
+            # What its frameworks can take: a sub-role's limit caps its frameworks (found
+            # by hypothesis: r2 guaranteed 1, its only framework in r2/x limited to 0).
+            want = sum(n for fr, n in fws if fr == role)
+            for sub in {fr for fr, _ in fws if fr.startswith(role + "/")}:
+                asked = sum(n for fr, n in fws if fr == sub)
+                want += min(asked, limits[sub]) if sub in limits else asked
             assert held[role] >= min(g, want), (role, held, guarantees)
     for role, n in limits.items():
         cap = max(n, guarantees.get(role, 0))
