@@ -172,8 +172,11 @@ def framework_info(name: str) -> common_pb2.FrameworkInfo:
 class Run:
     """One cluster, N virtual agents, every phase."""
 
-    def __init__(self, agents: int, tasks_per_agent: int, window: int | None) -> None:
+    def __init__(self, agents: int, tasks_per_agent: int, window: int | None,
+                 failover: bool = True, update_retry: float = 0.0) -> None:
         self.n, self.per_agent, self.window = agents, tasks_per_agent, window
+        self.do_failover = failover
+        self.update_retry = update_retry
         self.run_dir = Path(tempfile.mkdtemp(prefix=f"offerbus-bench-scale-{agents}-"))
         self.url = ""
         self.row: dict[str, Any] = {"agents": agents, "tasks": agents * tasks_per_agent,
@@ -219,7 +222,8 @@ class Run:
         self.subscribe_to_running()
         driver = self.launch()
         try:
-            self.failover()
+            if self.do_failover:
+                self.failover()
         finally:
             driver.stop(failover=True)  # the cluster goes down next: no mass kill first
             driver.join(10)
@@ -230,6 +234,8 @@ class Run:
                 str(self.n), "--heartbeat", str(HEARTBEAT)]
         if self.window:
             argv += ["--window", str(self.window)]
+        if self.update_retry:
+            argv += ["--update-retry-s", str(self.update_retry)]
         with self.phase("registration") as timing:
             local_cluster.spawn(self.run_dir, "emulator", argv)
             try:
@@ -290,10 +296,16 @@ class Run:
             driver.join(10)
             raise
         took = sched.all_running_at - sched.first_offer_at
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            # Updates the agents sent (resends of unacknowledged ones included): per-task
+            # work the control plane did beyond STARTING and RUNNING once each.
+            counts = self.emulator_state()["counts"]
+            self.row["updates_sent"] = counts.get("updates_sent", 0)
         self.row["launch_s"] = took
         self.row["launch_rate"] = total / took
         progress(f"{self.n} agents: {total} tasks RUNNING in {took:.2f}s "
-                 f"({total / took:.0f}/s)")
+                 f"({total / took:.0f}/s); {self.row.get('updates_sent', 0) / total:.2f} "
+                 "status updates sent per task")
         return driver
 
     def failover(self) -> None:
@@ -338,15 +350,29 @@ class Run:
             print(f"bench scale: failed; logs in {self.run_dir / 'logs'}")
 
 
-def profiling_on(run_dir: Path) -> dict[str, str]:
-    """Make the processes started from now on profile themselves (bench/profiling); returns
-    the environment to restore."""
+def profiling_on(run_dir: Path, profile: bool = True, gc_stats: bool = False,
+                 ) -> dict[str, str]:
+    """Make the processes started from now on profile themselves and/or time their garbage
+    collections (bench/profiling); returns the environment to restore."""
     saved = dict(os.environ)
     here = str(Path(__file__).parent / "profiling")
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [here,
                                                              os.environ.get("PYTHONPATH")]))
-    os.environ["OFFERBUS_PROFILE_DIR"] = str(run_dir / "profiles")
+    if profile:
+        os.environ["OFFERBUS_PROFILE_DIR"] = str(run_dir / "profiles")
+    if gc_stats:
+        os.environ["OFFERBUS_GC_STATS_DIR"] = str(run_dir / "gc")
     return saved
+
+
+def gc_summary(folder: Path) -> dict[str, dict[str, Any]]:
+    """Per process that exited cleanly: seconds its garbage collections took, by generation,
+    against its whole CPU time."""
+    out: dict[str, dict[str, Any]] = {}
+    for path in sorted(folder.glob("*.json")):
+        with contextlib.suppress(OSError, ValueError):
+            out[path.stem.rsplit("-", 1)[0]] = json.loads(path.read_text())
+    return out
 
 
 def profile_summary(profiles: Path, top: int = 8) -> dict[str, list[list[Any]]]:
@@ -376,6 +402,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--profile", action="store_true",
                     help="profile every service's reactor (cProfile, bench/profiling) and "
                          "print where each spent its time (a SIGKILLed master leaves none)")
+    ap.add_argument("--no-failover", action="store_true",
+                    help="skip the failover phase (so the leading master exits cleanly and "
+                         "leaves its profile with --profile)")
+    ap.add_argument("--update-retry", type=float, default=0.0,
+                    help="the emulated agents' first resend of an unacknowledged status "
+                         "update, seconds (0: the agent's default)")
+    ap.add_argument("--gc-stats", action="store_true",
+                    help="time every service's garbage collections (bench/profiling)")
     args = ap.parse_args(argv if argv is not None else [])
     sizes = [int(x) for x in args.agents.split(",") if x]
     print(f"bench scale: {sizes} virtual agents x {args.tasks_per_agent} tasks, "
@@ -385,9 +419,11 @@ def main(argv: list[str] | None = None) -> None:
     for r in range(args.rounds):
         order = sizes[r % len(sizes):] + sizes[:r % len(sizes)]
         for n in order:
-            run = Run(n, args.tasks_per_agent, args.window or None)
+            run = Run(n, args.tasks_per_agent, args.window or None, not args.no_failover,
+                      args.update_retry)
             ok = False
-            saved = profiling_on(run.run_dir) if args.profile else None
+            saved = profiling_on(run.run_dir, args.profile, args.gc_stats) \
+                if args.profile or args.gc_stats else None
             run.row["round"] = r
             rows.append(run.row)
             try:
@@ -400,10 +436,17 @@ def main(argv: list[str] | None = None) -> None:
                 if saved is not None:
                     os.environ.clear()
                     os.environ.update(saved)
-                run.down(ok, keep=args.profile)
+                run.down(ok, keep=args.profile or args.gc_stats)
                 if args.profile:
                     run.row["profile"] = profile_summary(run.run_dir / "profiles")
+                if args.gc_stats:
+                    run.row["gc"] = gc_summary(run.run_dir / "gc")
+                    for proc, g in sorted(run.row["gc"].items()):
+                        progress(f"{n} agents: {proc} garbage collection "
+                                 f"{sum(g['seconds']):.2f}s of {g['cpu_s']:.2f} CPU-s "
+                                 f"(by generation: {', '.join(f'{x:.2f}' for x in g['seconds'])})")
     report(rows, {"sizes": sizes, "tasks_per_agent": args.tasks_per_agent,
+                  "update_retry_s": args.update_retry or None,
                   "rounds": args.rounds, "heartbeat_s": HEARTBEAT,
                   "seconds_total": time.monotonic() - started})
 
@@ -418,6 +461,7 @@ def report(rows: list[dict[str, Any]], config: dict[str, Any]) -> None:
             print(f"{r['agents']:>7}  FAILED: {r['failed']}")
             continue
         sub = r["subscribe_to_running_s"][len(r["subscribe_to_running_s"]) // 2]
+        r.setdefault("failover_s", float("nan"))
         ratios = "-"
         if base is not None and base is not r:
             bsub = base["subscribe_to_running_s"][len(base["subscribe_to_running_s"]) // 2]

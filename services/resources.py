@@ -61,6 +61,10 @@ def _ranges_contain(a: tuple[Range, ...], b: tuple[Range, ...]) -> bool:
     return all(any(lo <= blo and bhi <= hi for lo, hi in a) for blo, bhi in b)
 
 
+PARSED_MEMO = 4096  # distinct encodings from_proto remembers (then it forgets them all)
+_PARSED: dict[tuple[bytes, ...], Resources] = {}
+
+
 @dataclass(frozen=True)
 class Resources:
     """An immutable bag of resources. `a - b` needs `a.contains(b)`; `+` merges."""
@@ -144,6 +148,20 @@ class Resources:
 
     @classmethod
     def from_proto(cls, resources: Iterable[common_pb2.Resource]) -> Resources:
+        """Parsed once per encoding (bounded memo): every service parses the same few task
+        and offer shapes again and again; ValueError when malformed (never remembered)."""
+        items = list(resources)
+        key = tuple(r.SerializeToString(deterministic=True) for r in items)
+        got = _PARSED.get(key)
+        if got is None:
+            got = cls._parse(items)
+            if len(_PARSED) >= PARSED_MEMO:
+                _PARSED.clear()
+            _PARSED[key] = got
+        return got
+
+    @classmethod
+    def _parse(cls, resources: Iterable[common_pb2.Resource]) -> Resources:
         total = cls()
         for r in resources:
             key = (r.name, _role(r.role))

@@ -34,3 +34,41 @@ if _DIR:
 
     atexit.register(_dump)
     _profile.enable()
+
+# With OFFERBUS_GC_STATS_DIR: the time the cyclic garbage collector took in this process
+# (every thread), per generation, written as JSON at a clean exit (`bench scale --gc-stats`).
+_GC_DIR = os.environ.get("OFFERBUS_GC_STATS_DIR")
+
+if _GC_DIR:
+    import atexit as _atexit
+    import gc as _gc
+    import json as _json
+    import sys as _sys
+    import time as _time
+
+    _gc_took = [0.0, 0.0, 0.0]
+    _gc_runs = [0, 0, 0]
+    _gc_started = [0.0]
+
+    def _gc_timer(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            _gc_started[0] = _time.thread_time()
+        else:
+            gen = info.get("generation", 2)
+            _gc_took[gen] += _time.thread_time() - _gc_started[0]
+            _gc_runs[gen] += 1
+
+    def _gc_dump() -> None:
+        argv = _sys.argv
+        ids = [argv[i + 1] for i in range(len(argv) - 1) if argv[i] == "--id"]
+        name = ids[-1] if ids else os.path.basename(os.path.dirname(argv[0] if argv else ""))
+        try:
+            os.makedirs(_GC_DIR, exist_ok=True)  # type: ignore[arg-type]
+            with open(os.path.join(_GC_DIR, f"{name}-{os.getpid()}.json"), "w") as f:  # type: ignore[arg-type]
+                _json.dump({"seconds": _gc_took, "runs": _gc_runs,
+                            "cpu_s": _time.process_time()}, f)
+        except OSError:
+            pass
+
+    _gc.callbacks.append(_gc_timer)
+    _atexit.register(_gc_dump)

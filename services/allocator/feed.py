@@ -33,9 +33,23 @@ from services.resources import UNRESERVED, Resources
 REGISTERED = state_pb2.AgentRecord.Status.AGENT_STATUS_REGISTERED
 
 
+NORM_MEMO = 4096  # distinct encodings whose Resources are remembered (then all forgotten)
+_normed: dict[tuple[bytes, ...], Resources] = {}
+
+
 def norm(resources: Iterable[common_pb2.Resource]) -> Resources:
-    """Resources from protos, without the zero scalars `from_proto` keeps."""
-    return Resources.from_proto(resources) - Resources()
+    """Resources from protos, without the zero scalars `from_proto` keeps. Remembered by
+    encoding: a task's record comes on the stream at each change of its state (and most
+    tasks have one of a few shapes), and parsing was most of the allocator's time per task."""
+    items = list(resources)
+    key = tuple(r.SerializeToString(deterministic=True) for r in items)
+    got = _normed.get(key)
+    if got is None:
+        got = Resources.from_proto(items) - Resources()  # ValueError: not remembered
+        if len(_normed) >= NORM_MEMO:
+            _normed.clear()
+        _normed[key] = got
+    return got
 
 
 def attributes(attrs: Iterable[common_pb2.Attribute]) -> dict[str, str | float]:

@@ -371,7 +371,10 @@ class MasterCore(AgentHandlers, FrameworkHandlers, RevocationHandlers, JobHandle
             agent.total = total
             self._touch("agent", agent.agent_id)
             out.append(self._checkpoint_resources(agent))  # before its tasks run on them
-        run = agent_pb2.AgentEvent.RunTasks(frameworks=[fw.info])
+        event = agent_pb2.AgentEvent()  # built in place: each TaskInfo copied once into it
+        run = event.run_tasks
+        run.frameworks.add().CopyFrom(fw.info)
+        offer_ids = tuple(req.offer_ids)
         for t, res in zip(launches, used, strict=True):
             info = common_pb2.TaskInfo()
             info.CopyFrom(t)
@@ -379,14 +382,13 @@ class MasterCore(AgentHandlers, FrameworkHandlers, RevocationHandlers, JobHandle
             st = self._status(t.task_id, tasks.STAGING, Reason.REASON_UNSPECIFIED, "",
                               agent.agent_id)
             self._add_task(Task(fw.framework_id, agent.agent_id, info, st, res, self._now,
-                                traceparent, tuple(req.offer_ids)))
-            run.launches.append(agent_pb2.AgentEvent.RunTasks.Launch(
-                framework_id=fw.framework_id, task=info, traceparent=traceparent,
-                offer_ids=req.offer_ids))
+                                traceparent, offer_ids))
+            launch = run.launches.add(framework_id=fw.framework_id, traceparent=traceparent)
+            launch.task.CopyFrom(info)
+            launch.offer_ids.extend(offer_ids)
         self._offers_done(fw, req.offer_ids)
         if launches:
-            out.append(ToAgent(agent.peer or b"", agent.agent_id,
-                               agent_pb2.AgentEvent(run_tasks=run), traceparent))
+            out.append(ToAgent(agent.peer or b"", agent.agent_id, event, traceparent))
         out.append(self._to_broker(Internal(launch_result=Internal.LaunchResult(
             request_id=req.request_id, accepted=True, task_ids=task_ids)), traceparent))
         return out

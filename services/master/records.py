@@ -255,10 +255,19 @@ class Task:
         return self.status.state
 
     def record(self) -> state_pb2.TaskRecord:
-        return state_pb2.TaskRecord(
-            framework_id=self.framework_id, agent_id=self.agent_id, task_info=self.info,
-            status=self.status, launched_at_us=us(self.launched_at),
-            traceparent=self.traceparent, offer_ids=self.offer_ids)
+        out = state_pb2.TaskRecord()
+        self.record_into(out)
+        return out
+
+    def record_into(self, out: state_pb2.TaskRecord) -> None:
+        """Fill an empty `out` (e.g. a stream entry's, in place: one copy of each part)."""
+        out.framework_id = self.framework_id
+        out.agent_id = self.agent_id
+        out.task_info.CopyFrom(self.info)
+        out.status.CopyFrom(self.status)
+        out.launched_at_us = us(self.launched_at)
+        out.traceparent = self.traceparent
+        out.offer_ids.extend(self.offer_ids)
 
 
 @dataclass

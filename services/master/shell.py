@@ -11,7 +11,7 @@ from functools import partial
 from typing import Any
 
 from opentelemetry import trace
-from opentelemetry.trace import Link, Span, Status, StatusCode
+from opentelemetry.trace import Span, Status, StatusCode
 
 from schemas import bus_pb2, common_pb2, internal_pb2, scheduler_pb2
 from services import tasks
@@ -138,6 +138,7 @@ class MasterShell(ServiceKit):
         self._broker: tuple[bytes, int] | None = None  # the broker's peer and epoch
         self._pending_publish: list[bus_pb2.StateEntry] = []
         self._staged: dict[tuple[str, str], float] = {}  # launch sent -> RUNNING, for latency
+        self._status_spans = spans.StatusSpans()  # status spans, each update once
         self._revocations_before = Revocations()  # the counts of earlier reigns' cores
         self._register_metrics()
         self._register_handlers()
@@ -325,20 +326,15 @@ class MasterShell(ServiceKit):
 
     def _trace_updates(self, framework_id: str, update: scheduler_pb2.SchedulerEvent.Update,
                        ) -> None:
-        """A `status` span per RUNNING or terminal update forwarded, linked to the trace
-        that launched the task (TaskRecord.traceparent)."""
-        for st in update.statuses:
-            if st.state not in TRACED_STATES or st.reason == RECONCILIATION:
-                continue
-            task = self.core.tasks.get((framework_id, st.task_id)) if self.core else None
-            ctx = extract(task.traceparent) if task is not None else None
-            links = [Link(trace.get_current_span(ctx).get_span_context())] if ctx else []
-            tracer.start_span(spans.STATUS, links=links, attributes={
-                spans.FRAMEWORK_ID: framework_id, spans.TASK_ID: st.task_id,
-                spans.AGENT_ID: st.agent_id,
-                spans.TASK_STATE: common_pb2.TaskState.Name(st.state),
-                spans.REASON: common_pb2.TaskStatus.Reason.Name(st.reason)
-                + (f": {st.message}" if st.message else "")}).end()
+        """`status` spans for the RUNNING and terminal updates forwarded, linked to the
+        trace that launched each task (TaskRecord.traceparent): spans.status_spans."""
+        core = self.core
+        traced = [st for st in update.statuses
+                  if st.state in TRACED_STATES and st.reason != RECONCILIATION]
+        if traced:
+            self._status_spans.trace(tracer, framework_id, traced, lambda tid: (
+                t.traceparent if core is not None and (t := core.tasks.get(
+                    (framework_id, tid))) is not None else None))
 
     def _held(self, server: RouterServer, peer: bytes, env: codec.Envelope,
               again: Callable[[], None]) -> bool:

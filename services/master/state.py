@@ -54,6 +54,10 @@ from services.resources import Resources
 Dirty = tuple[str, ...]
 
 
+_PREFIX = {"agent": "agents", "framework": "frameworks", "task": "tasks", "role": "roles",
+           "decision": "decisions", "job": "jobs"}  # a Dirty key's kind -> its stream prefix
+
+
 class MasterState:
     """The tables, and the helpers that keep them, the stream and the registry in step."""
 
@@ -112,8 +116,9 @@ class MasterState:
         for fid, statuses in self._updates.items():
             fw = self.frameworks.get(fid)
             if fw is not None and fw.peer is not None and statuses:
-                out.append(ToFramework(fw.peer, fid, scheduler_pb2.SchedulerEvent(
-                    update=scheduler_pb2.SchedulerEvent.Update(statuses=statuses))))
+                event = scheduler_pb2.SchedulerEvent()  # each status copied once, into it
+                event.update.statuses.extend(statuses)
+                out.append(ToFramework(fw.peer, fid, event))
         entries = [self._entry(k) for k in self._dirty]
         if entries:
             out.append(Publish(entries))
@@ -139,14 +144,16 @@ class MasterState:
         self._dirty[key] = None
 
     def _entry(self, key: Dirty) -> bus_pb2.StateEntry:
+        """The stream entry of `key` now, each record copied once, into the entry."""
         kind = key[0]
-        value = state_pb2.StateValue()
-        if kind == "agent" and key[1] in self.agents:
+        entry = bus_pb2.StateEntry(key=self._key(key))
+        value = entry.value
+        if kind == "task" and (key[1], key[2]) in self.tasks:
+            self.tasks[(key[1], key[2])].record_into(value.task)
+        elif kind == "agent" and key[1] in self.agents:
             value.agent.CopyFrom(self.agents[key[1]].record())
         elif kind == "framework" and key[1] in self.frameworks:
             value.framework.CopyFrom(self.frameworks[key[1]].record())
-        elif kind == "task" and (key[1], key[2]) in self.tasks:
-            value.task.CopyFrom(self.tasks[(key[1], key[2])].record())
         elif kind == "role" and key[1] in self.roles:
             value.role.CopyFrom(self.roles[key[1]])
         elif kind == "decision" and key[1] in self.decisions:
@@ -154,14 +161,12 @@ class MasterState:
         elif kind == "job" and key[1] in self.jobs:
             value.job.CopyFrom(self.jobs[key[1]])
         else:
-            return bus_pb2.StateEntry(key=self._key(key), deleted=True)
-        return bus_pb2.StateEntry(key=self._key(key), value=value)
+            entry.deleted = True
+        return entry
 
     @staticmethod
     def _key(key: Dirty) -> str:
-        prefix = {"agent": "agents", "framework": "frameworks", "task": "tasks",
-                  "role": "roles", "decision": "decisions", "job": "jobs"}[key[0]]
-        return "/".join((prefix, *key[1:]))
+        return "/".join((_PREFIX[key[0]], *key[1:]))
 
     def snapshot_entries(self) -> list[bus_pb2.StateEntry]:
         """The whole state, for a fresh publisher (after a failover, or a restart)."""

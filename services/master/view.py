@@ -140,6 +140,10 @@ class StateView:
         self._handover = threading.Lock()
         self._changed = threading.Condition(self._handover)  # a handover happened
         self._pending: dict[str, StateEntry] = {}  # coalesced by key
+        # Publishes handed over as they came, coalesced into _pending (on the reactor) only
+        # past twice the state's size plus PENDING_SLACK entries, else by the HTTP thread.
+        self._batches: list[list[StateEntry]] = []
+        self._batched = 0
         self._base: list[StateEntry] | None = None  # a whole new state (a new reign)
         self._meta: dict[str, Any] | None = None  # None: not leading
         self._handed = 0  # bumped by every handover
@@ -164,19 +168,23 @@ class StateView:
     def lead(self, entries: list[StateEntry], **meta: Any) -> None:
         """A new reign holding `entries` (the list is kept, not copied: not to be changed)."""
         with self._handover:
-            self._base, self._pending = entries, {}
+            self._base, self._pending, self._batches, self._batched = entries, {}, [], 0
             self._meta = {"master_id": self.master_id, **meta}
             self._handed += 1
             self._changed.notify_all()
 
     def publish(self, entries: Iterable[StateEntry]) -> None:
         """Entries just published on the state stream."""
+        batch = entries if isinstance(entries, list) else list(entries)
         with self._handover:
-            pending = self._pending
-            for entry in entries:
-                pending[entry.key] = entry
+            self._batches.append(batch)
+            self._batched += len(batch)
             self._handed += 1
             self._changed.notify_all()
+            if self._batched <= PENDING_SLACK + 2 * len(self._current()):
+                return  # bounded by the state's size: what the HTTP thread coalesces
+            pending = _coalesce(self._pending, self._batches)
+            self._batches, self._batched = [], 0
             if len(pending) > PENDING_SLACK:
                 whole = self._current()
                 if len(pending) > len(whole) + PENDING_SLACK:
@@ -192,6 +200,7 @@ class StateView:
     def step_down(self) -> None:
         with self._handover:
             self._base, self._pending, self._meta = [], {}, None
+            self._batches, self._batched = [], 0
             self._handed += 1
             self._changed.notify_all()
 
@@ -237,7 +246,10 @@ class StateView:
             if self._handed == self._applied:
                 return
             base, pending, meta = self._base, self._pending, self._meta
+            batches = self._batches
             self._base, self._pending, self._applied = None, {}, self._handed
+            self._batches, self._batched = [], 0
+        pending = _coalesce(pending, batches, polite=True)
         changed = meta != self._shown_meta
         self._shown_meta = meta
         if base is not None:
@@ -348,6 +360,18 @@ class StateView:
         if with_tasks:
             parts["tasks"] = [frag for f in fids for frag in self.tasks[f].fragments()]
         return _assemble(parts)
+
+
+def _coalesce(pending: dict[str, StateEntry], batches: list[list[StateEntry]],
+              polite: bool = False) -> dict[str, StateEntry]:
+    """`pending` with the entries of `batches` (in order: the last of a key wins);
+    `polite` (an HTTP thread): offering the GIL to the reactor as _sync does."""
+    for batch in batches:
+        for i, entry in enumerate(batch, 1):
+            pending[entry.key] = entry
+            if polite and i % YIELD_EVERY == 0:
+                time.sleep(0)
+    return pending
 
 
 def _by_key(entry: StateEntry) -> str:

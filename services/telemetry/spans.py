@@ -11,8 +11,21 @@ Accept/Decline (relayed by the master to the broker), of the LaunchRequest (brok
 master), RunTasks.Launch.traceparent (master -> agent), and the Envelope.traceparent of the
 executor's Launch event (agent -> executor). The master keeps the launch span's
 traceparent in TaskRecord.traceparent; later status updates are spans named "status" that
-LINK to it. Rescinds and expiries are spans named "rescind" under the offer.
+LINK to it: one "status" span per launch and state in each batch of updates forwarded
+(TASK_ID for one task, TASK_IDS for several; status_spans), and none for an agent's resend
+of an update already traced (StatusSpans). Rescinds and expiries are spans
+named "rescind" under the offer.
 """
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+
+from opentelemetry import trace
+from opentelemetry.trace import Link, Tracer
+
+from schemas import common_pb2
 
 # Span names.
 ALLOCATE = "allocate"
@@ -59,3 +72,56 @@ IMAGE = "offerbus.image"
 CONTAINER_ID = "offerbus.container_id"
 TASK_STATE = "offerbus.task_state"
 EXPIRES_AT_US = "offerbus.expires_at_us"
+
+
+def status_spans(tracer: Tracer, framework_id: str, statuses: Iterable[common_pb2.TaskStatus],
+                 traceparent_of: Callable[[str], str | None]) -> int:
+    """The "status" spans of one batch of updates forwarded to a framework: one per launch
+    (`traceparent_of(task_id)`: its TaskRecord.traceparent, None for an unknown task),
+    agent, state and reason, LINKED to that launch span; returns how many. (One span per
+    task was most of a busy master's tracing: the tasks of one ACCEPT are reported together.)"""
+    from services.telemetry.setup import extract  # setup imports this module's names
+
+    groups: dict[tuple[str, str, int, int, str], list[str]] = {}
+    for st in statuses:
+        key = (traceparent_of(st.task_id) or "", st.agent_id, st.state, st.reason, st.message)
+        groups.setdefault(key, []).append(st.task_id)
+    for (tp, agent_id, state, reason, message), task_ids in groups.items():
+        ctx = extract(tp) if tp else None
+        links = [Link(trace.get_current_span(ctx).get_span_context())] if ctx else []
+        ids = list(dict.fromkeys(task_ids))
+        tracer.start_span(STATUS, links=links, attributes={
+            FRAMEWORK_ID: framework_id, AGENT_ID: agent_id,
+            **({TASK_ID: ids[0]} if len(ids) == 1 else {TASK_IDS: ids}),
+            TASK_STATE: common_pb2.TaskState.Name(state),  # type: ignore[arg-type]
+            REASON: common_pb2.TaskStatus.Reason.Name(reason)  # type: ignore[arg-type]
+            + (f": {message}" if message else "")}).end()
+    return len(groups)
+
+
+STATUS_MEMORY = 20_000  # updates (framework, task, uuid) remembered as traced, newest kept
+
+
+class StatusSpans:
+    """status_spans for what a master forwards, each update once: an agent resends an
+    update until it is acknowledged, and its copies (the same uuid) are not traced again
+    while remembered (the last `memory` traced)."""
+
+    def __init__(self, memory: int = STATUS_MEMORY) -> None:
+        self.memory = memory
+        self._traced: OrderedDict[tuple[str, str, bytes], None] = OrderedDict()
+
+    def trace(self, tracer: Tracer, framework_id: str,
+              statuses: Iterable[common_pb2.TaskStatus],
+              traceparent_of: Callable[[str], str | None]) -> int:
+        fresh = []
+        for st in statuses:
+            if st.uuid:
+                key = (framework_id, st.task_id, st.uuid)
+                if key in self._traced:
+                    continue
+                self._traced[key] = None
+                if len(self._traced) > self.memory:
+                    self._traced.popitem(last=False)
+            fresh.append(st)
+        return status_spans(tracer, framework_id, fresh, traceparent_of) if fresh else 0

@@ -270,7 +270,10 @@ def test_unscraped_changes_wait_at_most_the_state_and_a_slack() -> None:
         store[entries[0].key] = entries[0]
         store.pop(entries[1].key, None)
         view.publish(entries)
+        # What waits for a scrape (coalesced, and handed over as published) stays bounded
+        # by the state's size.
         assert len(view._pending) <= len(store) + view_module.PENDING_SLACK + 2
+        assert view._batched <= 2 * len(store) + view_module.PENDING_SLACK + 2
     status, body, _ = view.document({})
     last = 3 * view_module.PENDING_SLACK - 1
     assert status == 200 and [t["task_info"]["task_id"] for t in json.loads(body)["tasks"]] \

@@ -285,3 +285,84 @@ def test_relayed_offers_keep_their_own_traceparents(
     out = next(e for e in sent if e.scheduler_event.WhichOneof("event") == "offers")
     assert [o.traceparent for o in out.scheduler_event.offers.offers] == tps
     assert out.traceparent == tps[0]
+
+
+def test_status_spans_are_one_per_launch_and_state_in_an_update(
+    master: tuple[MasterShell, list[codec.Envelope]], recorded: InMemorySpanExporter,
+) -> None:
+    """Tasks of one launch reported together share one status span (TASK_IDS, linked to
+    their launch); tasks of another launch get their own, linked to theirs."""
+    shell, _sent = master
+    core = shell.core = MasterCore("m1", 7, now=T0)
+    aid = register(core, b"a1")
+    fid = subscribed(core, b"f1")
+    a = "00-0123456789abcdef0123456789abcdef-cdcdcdcdcdcdcdcd-01"
+    b = "00-fedcba9876543210fedcba9876543210-dcdcdcdcdcdcdcdc-01"
+    shell._on_internal(b"broker", broker_env(
+        launch_msg(fid, aid, task_info("t1"), task_info("t2"), offers=("o1",)), a))
+    shell._on_internal(b"broker", broker_env(
+        launch_msg(fid, aid, task_info("t3"), rid="r2", offers=("o2",)), b))
+    launches = {format(s.context.trace_id, "032x"): s.context.span_id
+                for s in recorded.get_finished_spans() if s.name == spans.LAUNCH}
+    updates = [agent_pb2.StatusUpdate(framework_id=fid, status=common_pb2.TaskStatus(
+        task_id=t, state=common_pb2.TaskState.TASK_RUNNING, uuid=t.encode(), agent_id=aid,
+        source=common_pb2.TaskStatus.SOURCE_EXECUTOR)) for t in ("t1", "t3", "t2")]
+    env = codec.Envelope(sender_role=codec.Role.Value("ROLE_AGENT"))
+    env.agent_call.CopyFrom(agent_pb2.AgentCall(
+        agent_id=aid, status_updates=agent_pb2.AgentCall.StatusUpdates(updates=updates)))
+    shell._on_front(b"a1", env)
+    status = [s for s in recorded.get_finished_spans() if s.name == spans.STATUS]
+    assert len(status) == 2
+    by_link = {s.links[0].context.span_id: s for s in status if len(s.links) == 1}
+    one = by_link[launches[trace_id(a)]].attributes or {}
+    assert list(one[spans.TASK_IDS]) == ["t1", "t2"] and spans.TASK_ID not in one  # type: ignore[arg-type]
+    assert one[spans.TASK_STATE] == "TASK_RUNNING" and one[spans.AGENT_ID] == aid
+    other = by_link[launches[trace_id(b)]].attributes or {}
+    assert other[spans.TASK_ID] == "t3" and spans.TASK_IDS not in other
+
+
+def test_a_retried_update_is_not_traced_again(
+    master: tuple[MasterShell, list[codec.Envelope]], recorded: InMemorySpanExporter,
+) -> None:
+    """An agent resends an update until its framework acknowledges it: the master forwards
+    each copy, but the task's trace gets one status span for it."""
+    shell, _sent = master
+    core = shell.core = MasterCore("m1", 7, now=T0)
+    aid = register(core, b"a1")
+    fid = subscribed(core, b"f1")
+    shell._on_internal(b"broker", broker_env(
+        launch_msg(fid, aid, task_info("t1")),
+        "00-0123456789abcdef0123456789abcdef-cdcdcdcdcdcdcdcd-01"))
+
+    def running(uuid: bytes) -> codec.Envelope:
+        su = agent_pb2.StatusUpdate(framework_id=fid, status=common_pb2.TaskStatus(
+            task_id="t1", state=common_pb2.TaskState.TASK_RUNNING, uuid=uuid,
+            agent_id=aid, source=common_pb2.TaskStatus.SOURCE_EXECUTOR))
+        env = codec.Envelope(sender_role=codec.Role.Value("ROLE_AGENT"))
+        env.agent_call.CopyFrom(agent_pb2.AgentCall(
+            agent_id=aid, status_updates=agent_pb2.AgentCall.StatusUpdates(updates=[su])))
+        return env
+
+    shell._on_front(b"a1", running(b"u1"))
+    shell._on_front(b"a1", running(b"u1"))  # the retry
+    forwarded = [e for e in _sent if e.scheduler_event.WhichOneof("event") == "update"]
+    assert len(forwarded) == 2  # still forwarded: the agent needs its acknowledgement
+    assert len([s for s in recorded.get_finished_spans() if s.name == spans.STATUS]) == 1
+
+
+def test_status_spans_remember_a_bounded_number_of_updates() -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("test")
+    traced = spans.StatusSpans(memory=2)
+
+    def running(tid: str) -> common_pb2.TaskStatus:
+        return common_pb2.TaskStatus(task_id=tid, uuid=tid.encode(), agent_id="a",
+                                     state=common_pb2.TaskState.TASK_RUNNING)
+
+    for tid in ("t1", "t2", "t3", "t3", "t1"):  # t1 forgotten when t3 came: traced again
+        traced.trace(tracer, FW, [running(tid)], lambda _tid: None)
+    assert [(s.attributes or {})[spans.TASK_ID] for s in exporter.get_finished_spans()] == [
+        "t1", "t2", "t3", "t1"]
+    assert len(traced._traced) == 2
