@@ -118,7 +118,7 @@ class Agent:
 
     def __init__(self, work_dir: Path, **log_args: int) -> None:
         self.log = cp.StatusUpdateLog(work_dir, **log_args)
-        self.mgr = su.StatusUpdateManager()
+        self.mgr = su.StatusUpdateManager(retry_initial_s=0.5)  # the clock below reads it
         self.mgr.recover(self.log.load())
         self.mgr.master_changed(0.0)
         self.ended: list[str] = []

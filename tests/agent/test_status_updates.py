@@ -18,6 +18,8 @@ from services.agent import status_updates as su
 FW = "fw-1"
 TaskStatus = common_pb2.TaskStatus
 
+FAST = 0.5  # a first resend the tests' clocks read easily (the default is longer)
+
 
 def status(task: str, state: tasks.State, uuid: bytes, source: int = TaskStatus.SOURCE_EXECUTOR
            ) -> common_pb2.TaskStatus:
@@ -70,7 +72,7 @@ class Shell:
 
 
 def started(mgr: su.StatusUpdateManager | None = None) -> Shell:
-    shell = Shell(mgr or su.StatusUpdateManager())
+    shell = Shell(mgr or su.StatusUpdateManager(retry_initial_s=FAST))
     shell.run(shell.mgr.master_changed(0.0))
     return shell
 
@@ -108,7 +110,8 @@ def test_retry_schedule_doubles_to_cap() -> None:
     gaps = [b - a for a, b in itertools.pairwise(times)]
     assert gaps == [0.5, 1, 2, 4, 8, 16, 30, 30, 30, 30, 30]
     assert sh.mgr.counts["retries"] == 11
-    assert [su.retry_interval(n) for n in (1, 2, 7, 8, 10_000)] == [0.5, 1, 30, 30, 30]
+    assert [su.retry_interval(n) for n in (1, 2, 4, 5, 10_000)] == [2, 4, 16, 30, 30]
+    assert su.StatusUpdateManager().retry_initial_s == su.RETRY_INITIAL_S == 2.0
 
 
 def test_stale_and_duplicate_acks_are_ignored_and_counted() -> None:
@@ -127,7 +130,7 @@ def test_stale_and_duplicate_acks_are_ignored_and_counted() -> None:
 
 
 def test_not_forwarded_before_durable_nor_next_before_ack_durable() -> None:
-    mgr = su.StatusUpdateManager()
+    mgr = su.StatusUpdateManager(retry_initial_s=FAST)
     mgr.master_changed(0.0)
     out = mgr.update(FW, status("t", tasks.RUNNING, b"u1"))
     assert out == [su.Checkpoint(su.Added(out[0].record.update))]  # type: ignore[union-attr]
@@ -156,7 +159,7 @@ def test_not_forwarded_before_durable_nor_next_before_ack_durable() -> None:
 
 
 def test_duplicate_updates_from_executor() -> None:
-    mgr = su.StatusUpdateManager()
+    mgr = su.StatusUpdateManager(retry_initial_s=FAST)
     out = mgr.update(FW, status("t", tasks.RUNNING, b"u1"))
     assert mgr.update(FW, status("t", tasks.RUNNING, b"u1")) == []  # not durable yet
     mgr.checkpointed(out[0].record, 0.0)  # type: ignore[union-attr]
@@ -188,13 +191,13 @@ def test_rejects_bad_updates_but_acks_the_executor() -> None:
 
 
 def test_agent_generated_updates_ack_no_executor() -> None:
-    mgr = su.StatusUpdateManager()
+    mgr = su.StatusUpdateManager(retry_initial_s=FAST)
     out = mgr.update(FW, status("t", tasks.FAILED, b"u1", TaskStatus.SOURCE_AGENT))
     assert mgr.checkpointed(out[0].record, 0.0) == []  # type: ignore[union-attr]
 
 
 def test_paused_until_master_and_master_change_resends_with_reset_backoff() -> None:
-    sh = Shell(su.StatusUpdateManager())
+    sh = Shell(su.StatusUpdateManager(retry_initial_s=FAST))
     sh.add("a", tasks.RUNNING, b"a1")
     sh.add("b", tasks.RUNNING, b"b1")
     assert sh.tick(5.0) == [] and sh.mgr.next_deadline() is None
@@ -212,7 +215,7 @@ def test_paused_until_master_and_master_change_resends_with_reset_backoff() -> N
 
 
 def test_batches_many_tasks_per_tick() -> None:
-    mgr = su.StatusUpdateManager(max_batch=1000)
+    mgr = su.StatusUpdateManager(max_batch=1000, retry_initial_s=FAST)
     mgr.master_changed(0.0)
     for i in range(2500):
         [cp] = mgr.update(FW, status(f"t{i}", tasks.RUNNING, b"u%d" % i))
@@ -237,7 +240,7 @@ def test_recover_rebuilds_exactly_the_unacknowledged() -> None:
     for t, u in (("a", b"a1"), ("b", b"b1"), ("c", b"c1")):
         sh.ack(t, u)
     for records in (sh.disk, su.compact(sh.disk)):
-        mgr = su.StatusUpdateManager()
+        mgr = su.StatusUpdateManager(retry_initial_s=FAST)
         mgr.recover(records, now=50.0)
         mgr.validate()
         assert [u.status.uuid for u in mgr.unacknowledged()] == [b"a2", b"b2"]
@@ -271,7 +274,7 @@ class StatusUpdateMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.mgr = su.StatusUpdateManager()
+        self.mgr = su.StatusUpdateManager(retry_initial_s=FAST)
         self.mgr.master_changed(0.0)
         self.now = 0.0
         self.disk: list[su.Record] = []  # fsynced
@@ -394,7 +397,7 @@ class StatusUpdateMachine(RuleBasedStateMachine):
     @rule(reconnect=st.booleans())
     def crash_and_restart(self, reconnect: bool) -> None:
         self.unsynced = []  # never reached the disk
-        self.mgr = su.StatusUpdateManager()
+        self.mgr = su.StatusUpdateManager(retry_initial_s=FAST)
         self.mgr.recover(self.disk, self.now)
         # The executors re-subscribe and hand back what the agent never acknowledged.
         for task in TASKS:
