@@ -24,10 +24,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import pstats
+import re
 import shutil
 import signal
+import subprocess
 import tempfile
 import time
 import urllib.request
@@ -57,6 +60,7 @@ SERVICES = ("master", "master-2", "allocator", "allocator-2", "broker", "broker-
 T = TypeVar("T")
 # Not work: waiting in poll or on a lock, and importing (profiles start at interpreter start).
 WAITING = ("poll", "acquire", "compile", "marshal", "exec", "_imp.", "create_dynamic")
+IDLE = ("select", "wait", "sleep", "recv")  # other threads waiting (py-spy samples)
 
 
 def _wait(predicate: Callable[[], T | None], timeout: float, what: str,
@@ -173,10 +177,12 @@ class Run:
     """One cluster, N virtual agents, every phase."""
 
     def __init__(self, agents: int, tasks_per_agent: int, window: int | None,
-                 failover: bool = True, update_retry: float = 0.0) -> None:
+                 failover: bool = True, update_retry: float = 0.0, spy: str = "") -> None:
         self.n, self.per_agent, self.window = agents, tasks_per_agent, window
         self.do_failover = failover
         self.update_retry = update_retry
+        self.spy = spy  # py-spy's path: sample the standby through the failover
+        self.skip_subscribe = False  # only registration, launch and failover
         self.run_dir = Path(tempfile.mkdtemp(prefix=f"offerbus-bench-scale-{agents}-"))
         self.url = ""
         self.row: dict[str, Any] = {"agents": agents, "tasks": agents * tasks_per_agent,
@@ -219,7 +225,8 @@ class Run:
             run_dir=self.run_dir, agents=0, standbys=1, offer_timeout=3600,
             heartbeat=HEARTBEAT, timeout=120))
         self.registration()
-        self.subscribe_to_running()
+        if not self.skip_subscribe:
+            self.subscribe_to_running()
         driver = self.launch()
         try:
             if self.do_failover:
@@ -319,25 +326,64 @@ class Run:
             http = self.master_http()
             return http if http != old else None
 
+        standby = next((p for n, p in self.pids().items()
+                        if n.startswith("master") and n != name), None)
+        spy = self._spy(standby) if self.spy and standby is not None else None
+        # The emulator's count of (re-)registration replies: its agents still look
+        # registered until it notices the master is gone.
+        replies = self.emulator_state()["counts"].get("registered", 0)
         with self.phase("failover") as timing:
             os.kill(pid, signal.SIGKILL)
             new = _wait(new_leader, 60, "a new leader")
             led = time.monotonic() - timing[0]
 
+            emulator_done: list[float] = []
+
             def recovered() -> bool:
                 """Every agent registered with the new master, which knows every task the
                 agents run (at least `total`: a replaced launch may have added some)."""
+                emu = self.emulator_state()
+                if not emulator_done and emu["agents"].get("registered") == self.n \
+                        and emu["counts"].get("registered", 0) >= replies + self.n:
+                    emulator_done.append(time.monotonic() - timing[0])
                 agents = gauges(new, "offerbus_master_agents")
                 running = gauges(new, "offerbus_master_tasks").get("TASK_RUNNING", 0)
-                truth = self.emulator_state()["running"]
                 return (agents.get("AGENT_STATUS_REGISTERED") == self.n
-                        and running == truth >= total)
-            _wait(recovered, 120 + self.n / 20, "every agent re-registered, every task known")
+                        and running == emu["running"] >= total)
+            try:
+                _wait(recovered, 120 + self.n / 20,
+                      "every agent re-registered, every task known")
+            finally:
+                if spy is not None:
+                    self._spy_done(spy)
         took = timing[1]
         self.row["failover_leader_s"] = led
+        self.row["failover_emulator_registered_s"] = emulator_done[0] if emulator_done else None
         self.row["failover_s"] = took
         progress(f"{self.n} agents x {self.per_agent} tasks: master SIGKILL -> new leader "
-                 f"{led:.2f}s, all re-registered with their tasks {took:.2f}s")
+                 f"{led:.2f}s, the emulator's agents all re-registered "
+                 f"{emulator_done[0] if emulator_done else float('nan'):.2f}s, the new "
+                 f"master's metrics show every agent and task {took:.2f}s")
+
+    def _spy(self, pid: int) -> subprocess.Popen[bytes]:
+        """py-spy sampling the standby (the next leader) from before the SIGKILL."""
+        out = self.run_dir / "standby.folded"
+        spy = subprocess.Popen([self.spy, "record", "--pid", str(pid), "--format", "raw",
+                                "--rate", "200", "--nonblocking", "--output", str(out)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(0.5)  # py-spy attaches (not a test: a benchmark's setup)
+        return spy
+
+    def _spy_done(self, spy: subprocess.Popen[bytes]) -> None:
+        spy.send_signal(signal.SIGINT)
+        try:
+            spy.wait(30)
+        except subprocess.TimeoutExpired:
+            spy.kill()
+        folded = self.run_dir / "standby.folded"
+        if folded.exists():
+            self.row["standby_profile"] = folded_summary(folded)
+            progress(f"standby profile (py-spy, samples by own/total frame): {folded}")
 
     def _leader_id(self) -> str:
         return find_leader(self.url, 10.0).member_id
@@ -347,7 +393,34 @@ class Run:
         if ok and not keep:
             shutil.rmtree(self.run_dir, ignore_errors=True)
         else:
-            print(f"bench scale: failed; logs in {self.run_dir / 'logs'}")
+            print(f"bench scale: {'kept' if ok else 'failed'}; logs in {self.run_dir / 'logs'}")
+
+
+def folded_summary(path: Path, top: int = 12) -> dict[str, list[list[Any]]]:
+    """py-spy's collapsed stacks (`--format raw`) of the reactor's thread, by function (line
+    numbers dropped): the `top` by own samples and by inclusive samples (waiting in poll
+    left out of both), and the other threads' busiest functions (they take the GIL)."""
+    own: dict[str, int] = {}
+    incl: dict[str, int] = {}
+    others: dict[str, int] = {}
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = [re.sub(r":\d+\)$", ")", f) for f in stack.split(";")]
+        if not stack or any(w in frames[-1] for w in WAITING + IDLE):
+            continue
+        n = int(count)
+        if not frames[0].startswith("_run_module_as_main"):
+            where = next((f for f in frames[3:] if not f.startswith(("Thread.", "_"))),
+                         frames[-1])
+            others[where] = others.get(where, 0) + n
+            continue
+        own[frames[-1]] = own.get(frames[-1], 0) + n
+        for f in set(frames):
+            incl[f] = incl.get(f, 0) + n
+
+    def rows(d: dict[str, int]) -> list[list[Any]]:
+        return [[n, f] for f, n in sorted(d.items(), key=lambda kv: -kv[1])[:top]]
+    return {"inclusive": rows(incl), "own": rows(own), "other threads": rows(others)}
 
 
 def profiling_on(run_dir: Path, profile: bool = True, gc_stats: bool = False,
@@ -399,6 +472,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--window", type=int, default=0,
                     help="the emulator's registration window (0: its default)")
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--skip-subscribe", action="store_true",
+                    help="leave out phase (b) (registration, launch and failover only)")
+    ap.add_argument("--spy", nargs="?", const=shutil.which("py-spy") or "py-spy", default="",
+                    help="sample the standby master through the failover with py-spy "
+                         "(its path; default: on PATH) and print its busiest frames")
     ap.add_argument("--profile", action="store_true",
                     help="profile every service's reactor (cProfile, bench/profiling) and "
                          "print where each spent its time (a SIGKILLed master leaves none)")
@@ -420,7 +498,8 @@ def main(argv: list[str] | None = None) -> None:
         order = sizes[r % len(sizes):] + sizes[:r % len(sizes)]
         for n in order:
             run = Run(n, args.tasks_per_agent, args.window or None, not args.no_failover,
-                      args.update_retry)
+                      args.update_retry, args.spy)
+            run.skip_subscribe = args.skip_subscribe
             ok = False
             saved = profiling_on(run.run_dir, args.profile, args.gc_stats) \
                 if args.profile or args.gc_stats else None
@@ -436,7 +515,7 @@ def main(argv: list[str] | None = None) -> None:
                 if saved is not None:
                     os.environ.clear()
                     os.environ.update(saved)
-                run.down(ok, keep=args.profile or args.gc_stats)
+                run.down(ok, keep=args.profile or args.gc_stats or bool(args.spy))
                 if args.profile:
                     run.row["profile"] = profile_summary(run.run_dir / "profiles")
                 if args.gc_stats:
@@ -460,11 +539,13 @@ def report(rows: list[dict[str, Any]], config: dict[str, Any]) -> None:
         if "failed" in r:
             print(f"{r['agents']:>7}  FAILED: {r['failed']}")
             continue
-        sub = r["subscribe_to_running_s"][len(r["subscribe_to_running_s"]) // 2]
+        subs = r.get("subscribe_to_running_s") or [math.nan]
+        sub = subs[len(subs) // 2]
         r.setdefault("failover_s", float("nan"))
         ratios = "-"
         if base is not None and base is not r:
-            bsub = base["subscribe_to_running_s"][len(base["subscribe_to_running_s"]) // 2]
+            bsubs = base.get("subscribe_to_running_s") or [math.nan]
+            bsub = bsubs[len(bsubs) // 2]
             ratios = (f"{r['registration_s'] / base['registration_s']:.1f}x "
                       f"{sub / bsub:.1f}x {r['launch_rate'] / base['launch_rate']:.2f}x "
                       f"{r['failover_s'] / base['failover_s']:.1f}x")
@@ -485,6 +566,14 @@ def report(rows: list[dict[str, Any]], config: dict[str, Any]) -> None:
                 print(f"  {r['agents']:>6} {proc}: own time by function (s, calls):")
                 for tt, nc, where in fns[:5]:
                     print(f"           {tt:>7.2f} {nc:>9} {where}")
+    for r in rows:
+        prof = r.get("standby_profile")
+        if prof:
+            print(f"  {r['agents']:>6} standby master through the failover (py-spy samples):")
+            for kind in ("inclusive", "own", "other threads"):
+                print(f"         {kind}:")
+                for n, where in prof[kind][9 if kind == "inclusive" else 0:]:
+                    print(f"           {n:>7} {where}")
     print(f"({config['seconds_total']:.0f}s in all)")
     print(f"results: {write('scale', {'config': config, 'rows': rows})}")
 

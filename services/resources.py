@@ -115,11 +115,18 @@ class Resources:
 
     @classmethod
     def total(cls, bags: Iterable[Resources]) -> Resources:
-        """The sum of several bags."""
-        out = cls()
+        """The sum of several bags (in one pass: no bag per addition)."""
+        scalars: dict[Key, int] = {}
+        ranges: dict[Key, list[Range]] = {}
+        sets: dict[Key, frozenset[str]] = {}
         for bag in bags:
-            out += bag
-        return out
+            for k, v in bag.scalars.items():
+                scalars[k] = scalars.get(k, 0) + v
+            for k, rs in bag.ranges.items():
+                ranges.setdefault(k, []).extend(rs)
+            for k, items in bag.sets.items():
+                sets[k] = sets.get(k, frozenset()) | items
+        return cls(scalars, {k: _merge(rs) for k, rs in ranges.items()}, sets)
 
     @classmethod
     def total_disjoint(cls, named: Iterable[tuple[str, Resources]]) -> Resources:
@@ -162,7 +169,11 @@ class Resources:
 
     @classmethod
     def _parse(cls, resources: Iterable[common_pb2.Resource]) -> Resources:
-        total = cls()
+        """Items of one name and role add up (scalars summed, ranges merged, sets united).
+        Built in one pass (no bag per item: a re-registration storm parses 100,000)."""
+        scalars: dict[Key, int] = {}
+        ranges: dict[Key, tuple[Range, ...]] = {}
+        sets: dict[Key, frozenset[str]] = {}
         for r in resources:
             key = (r.name, _role(r.role))
             kind = r.WhichOneof("value")
@@ -170,18 +181,19 @@ class Resources:
                 if not math.isfinite(r.scalar * MILLI) or r.scalar < 0:
                     raise ValueError(f"resource {r.name}: scalar {r.scalar} is not a finite, "
                                      "non-negative number")
-                if round(r.scalar * MILLI):
-                    total += cls({key: round(r.scalar * MILLI)})
+                milli = round(r.scalar * MILLI)
+                if milli:
+                    scalars[key] = scalars.get(key, 0) + milli
             elif kind == "ranges":
                 if r.ranges.ranges:
-                    total += cls(ranges={key: _merge((x.begin, x.end)
-                                                     for x in r.ranges.ranges)})
+                    ranges[key] = _merge((*ranges.get(key, ()),
+                                          *((x.begin, x.end) for x in r.ranges.ranges)))
             elif kind == "set":
                 if r.set.items:
-                    total += cls(sets={key: frozenset(r.set.items)})
+                    sets[key] = sets.get(key, frozenset()) | frozenset(r.set.items)
             else:
                 raise ValueError(f"resource {r.name!r} has no value")
-        return total
+        return cls(scalars, ranges, sets)
 
     def to_proto(self) -> list[common_pb2.Resource]:
         out = []
@@ -199,15 +211,22 @@ class Resources:
 
     # -- algebra -----------------------------------------------------------------------
     def __add__(self, other: Resources) -> Resources:
-        scalars = dict(self.scalars)
-        for k, v in other.scalars.items():
-            scalars[k] = scalars.get(k, 0) + v
-        ranges = dict(self.ranges)
-        for k, rs in other.ranges.items():
-            ranges[k] = _merge((*ranges.get(k, ()), *rs))
-        sets = dict(self.sets)
-        for k, items in other.sets.items():
-            sets[k] = sets.get(k, frozenset()) | items
+        # A bag is never changed once made: a part `other` has nothing of is shared.
+        scalars = self.scalars
+        if other.scalars:
+            scalars = dict(scalars)
+            for k, v in other.scalars.items():
+                scalars[k] = scalars.get(k, 0) + v
+        ranges = self.ranges
+        if other.ranges:
+            ranges = dict(ranges)
+            for k, rs in other.ranges.items():
+                ranges[k] = _merge((*ranges.get(k, ()), *rs))
+        sets = self.sets
+        if other.sets:
+            sets = dict(sets)
+            for k, items in other.sets.items():
+                sets[k] = sets.get(k, frozenset()) | items
         return Resources(scalars, ranges, sets)
 
     def contains(self, other: Resources) -> bool:

@@ -27,7 +27,7 @@ Command = object  # ToMaster | Notice
 RUN_LABEL = "emulator.run_s"  # a task label: seconds it runs before TASK_FINISHED
 REGISTER_WINDOW = 200  # (re-)registrations outstanding at once, by default
 REGISTER_TIMEOUT_S = 2.0  # an unanswered (re-)registration is resent after this, doubling
-REGISTER_TIMEOUT_MAX_S = 30.0
+REGISTER_TIMEOUT_MAX_S = 5.0  # as the real agent caps its own (services/agent/core.py)
 MAX_TASKS = 1_000_000  # tasks (and update streams) the emulator keeps; beyond: TASK_FAILED
 PROGRESS_STEPS = 10  # registration progress is logged this many times on the way to all
 

@@ -175,8 +175,13 @@ class AgentHandlers(AgentLiveness):
         info.agent_id = aid
         was = self.recovering.pop(aid, None)
         if known is None:
-            known = Agent(aid, info, REGISTERED, total, status_since=self._now,
-                          registered_at=self._now)
+            # Back after a master failover as the registry has it: registered since then.
+            kept = was is not None and was.get("status") == "registered" \
+                and was.get("hostname") == info.hostname
+            since = _since(was) if kept and was is not None else self._now
+            known = Agent(aid, info, REGISTERED, total, status_since=since,
+                          registered_at=self._now,
+                          principal=str((was or {}).get("principal", "")) if kept else "")
             self.agents[aid] = known
             self._registry_changed(aid)
         else:
@@ -192,6 +197,8 @@ class AgentHandlers(AgentLiveness):
         if owner != known.principal:  # bound to the key that registered it (CURVE)
             known.principal = owner
             self._registry_changed(aid)
+        if was is not None and self._registry_entry(aid) == was:
+            self._registry_agents.discard(aid)  # the stored entry stands: nothing to write
         self._bind_agent(known, peer)
         self._agent_back(known, peer)
         self._touch("agent", aid)
@@ -285,8 +292,17 @@ class AgentHandlers(AgentLiveness):
         out: list[Command] = []
         for fid, info in plan.adopt.items():
             self._adopt_framework(fid, info)
+        # Their resources summed once, not added task by task (a failover re-registers
+        # every agent with all its tasks at once).
+        live = [t for t in plan.add if not tasks.is_terminal(t.state)]
         for task in plan.add:
-            self._add_task(task)
+            self._add_task(task, account=False)
+        if live:
+            agent.used += Resources.total(t.resources for t in live)
+            for fid in {t.framework_id for t in live}:
+                fw = self.frameworks[fid]
+                fw.used += Resources.total(t.resources.quantities() for t in live
+                                           if t.framework_id == fid)
         for task, status in plan.refresh:
             back = task.state == tasks.UNREACHABLE and not tasks.is_terminal(status.state)
             if tasks.is_terminal(status.state) or status.state != task.state:
@@ -339,6 +355,7 @@ class AgentHandlers(AgentLiveness):
         """Record each update (if it moves the task forward) and forward it to its
         framework if connected. Not forwarded = not acknowledged: the agent retries."""
         shutdown: set[str] = set()
+        stale: list[str] = []
         for su in updates:
             fid, st = su.framework_id, su.status
             if fid not in self.frameworks:
@@ -360,13 +377,15 @@ class AgentHandlers(AgentLiveness):
                     status.agent_id = agent.agent_id
                     self._set_status(task, status)
                 else:  # older than what the master knows (e.g. RUNNING after KILLING)
-                    self._notice(
-                        "update_stale", f"update {fid}/{st.task_id}: {tasks.name(task.state)} -> "
-                        f"{tasks.name(st.state)} not applied (stale)")
+                    stale.append(f"{fid}/{st.task_id}: {tasks.name(task.state)} -> "
+                                 f"{tasks.name(st.state)}")
             if not st.agent_id:
                 st = copy_status(st)
                 st.agent_id = agent.agent_id
             self._notify(fid, st)  # forwarded even if stale: the agent's stream needs its ack
+        if stale:  # one notice per call: an agent back after a failover resends them all
+            self._notice("update_stale", f"{len(stale)} update(s) not applied (stale), "
+                         f"first {stale[0]}", agent_id=agent.agent_id, count=len(stale))
         out: list[Command] = []
         for fid in sorted(shutdown):
             cmd = self._shutdown_framework(agent, fid, f"framework {fid} was removed")
@@ -387,6 +406,13 @@ class AgentHandlers(AgentLiveness):
             data=reply.data, truncated=reply.truncated, error=reply.error,
             next_offset=reply.next_offset))
         return [ToOperator(req.peer, ev, req.message_id)]
+
+
+def _since(entry: dict[str, object]) -> float:
+    """A registry entry's since_us, in seconds (0 when missing or not a number)."""
+    raw = entry.get("since_us")
+    ok = isinstance(raw, (int, float)) and not isinstance(raw, bool) and finite_nonneg(raw)
+    return float(raw) / 1e6 if ok else 0.0  # type: ignore[arg-type]
 
 
 def _copy_info(info: common_pb2.AgentInfo) -> common_pb2.AgentInfo:

@@ -470,7 +470,10 @@ class MasterShell(ServiceKit):
 
     def _flush(self) -> None:
         if self._pending_publish and self.core is not None and not self.paused:
-            entries, self._pending_publish = self._pending_publish, []
+            # One entry per key, its latest (a framework's record changes with each of its
+            # agents re-registering after a failover: published once per turn, not per agent).
+            entries = list({e.key: e for e in self._pending_publish}.values())
+            self._pending_publish = []
             self.publisher.publish(entries)
             self.view.publish(entries)
 

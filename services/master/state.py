@@ -325,8 +325,9 @@ class MasterState:
         self._updates.setdefault(framework_id, []).append(status)
         return True
 
-    def _add_task(self, task: Task) -> None:
-        """A new record (launch, or an agent's report). Non-terminal ones hold resources."""
+    def _add_task(self, task: Task, *, account: bool = True) -> None:
+        """A new record (launch, or an agent's report). Non-terminal ones hold resources
+        (`account` False: the caller adds them to the agent's and framework's `used`)."""
         tasks.check_storable(task.state)
         old = self.tasks.get(task.key)
         if old is not None:  # a reused id of a completed task (Mesos allows it)
@@ -339,10 +340,11 @@ class MasterState:
             self._complete(fw, task)
         else:
             fw.tasks.add(task.info.task_id)
-            fw.used += task.resources.quantities()
             agent = self.agents[task.agent_id]
             agent.tasks.add(task.key)
-            agent.used += task.resources
+            if account:
+                fw.used += task.resources.quantities()
+                agent.used += task.resources
             self._touch("agent", task.agent_id)
         self._touch("framework", task.framework_id)
         self._touch("task", *task.key)

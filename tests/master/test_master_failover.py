@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from schemas import agent_pb2, bus_pb2, common_pb2, operator_pb2, scheduler_pb2
 from services.master.commands import (
+    Command,
     Reject,
     ToFramework,
     ToOperator,
@@ -17,6 +18,7 @@ from tests.master.helpers import (
     Call,
     Internal,
     agent_events,
+    agent_info,
     broker_msgs,
     cluster,
     launch,
@@ -145,6 +147,35 @@ def test_reregistration_after_master_failover_rebuilds_the_same_tasks() -> None:
     new.tick(T0 + 500)
     assert new.tasks[(fid, "t1")].state == TS.TASK_RUNNING
     new.validate()
+
+
+def test_an_agent_reregistering_as_the_registry_has_it_writes_no_registry() -> None:
+    """After a failover every agent re-registers at once: one whose registry entry stays as
+    it was (registered, same hostname and principal) costs no registry write, or the new
+    leader would rewrite the whole document once per agent during the storm (issue 8)."""
+    old, aid, fid = cluster()
+    running(old, aid, fid, "t1")
+    doc = old.registry_document()
+    new = MasterCore("m2", 8, recovered_registry=doc, now=T0 + 100)
+    def back(core: MasterCore, hostname: str) -> list[Command]:
+        call = agent_pb2.AgentCall(agent_id=aid, reregister=agent_pb2.AgentCall.Reregister(
+            agent_info=agent_info(aid, hostname), tasks=[reported(fid, "t1", TS.TASK_RUNNING)],
+            frameworks=[old.frameworks[fid].info]))
+        return core.agent_call(b"a1-new", call, T0 + 101)
+
+    assert old.agents[aid].info.hostname == "a1"
+    cmds = back(new, "a1")
+    assert agent_events(cmds, "reregistered")
+    assert registry(cmds) is None, registry(cmds)
+    # The document the new leader would write is the one it recovered, since_us included.
+    assert new.registry_document()["agents"] == doc["agents"]
+    assert published(cmds)[f"agents/{aid}"].agent.status == 1  # REGISTERED
+    new.validate()
+    # A different hostname under the same id is a change, and is written.
+    other = MasterCore("m3", 9, recovered_registry=doc, now=T0 + 100)
+    cmds = back(other, "h2")
+    assert registry(cmds)["agents"][aid]["hostname"] == "h2"  # type: ignore[index]
+    other.validate()
 
 
 def test_a_master_failover_never_removes_a_framework_with_failover_timeout_0() -> None:
