@@ -327,7 +327,7 @@ def main(trials: int = TRIALS) -> None:
     try:
         url = local_cluster.up(local_cluster.UpOptions(
             run_dir=run_dir, agents=AGENTS, standbys=1, agent_resources=AGENT_RESOURCES,
-            offer_timeout=3600, heartbeat=HEARTBEAT, timeout=120))
+            offer_timeout=3600, heartbeat=HEARTBEAT, timeout=120, jobs=False))
         session = session_timeout(url)
         agent_s, agent_source = agent_timeout()
         results["config"] = {"session_timeout_s": session, "agent_timeout_s": agent_s,

@@ -41,6 +41,7 @@ from typing import Any, TypeVar
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.report import progress, write
+from frameworks.sdk.demand import demand
 from frameworks.sdk.driver import SchedulerDriver
 from frameworks.sdk.scheduler import MasterInfo, Scheduler
 from schemas import common_pb2
@@ -111,16 +112,21 @@ def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
 
 class OneTask(Scheduler):
     """Launches one task on its first offer and declines the rest for an hour (launches it
-    again if it ended without running: an accept voided by a disconnection)."""
+    again if it ended without running: an accept voided by a disconnection). `declare`: it
+    declares its demand (one task of its shape) when subscribed, so the allocator offers
+    it what that task needs, not every agent (Mesos's frameworks cannot)."""
 
-    def __init__(self) -> None:
+    def __init__(self, declare: bool = False) -> None:
         self.subscribed_at = self.offered_at = self.running_at = 0.0
         self.launched = False
         self.relaunches = 0
+        self.declare = declare
 
     def subscribed(self, driver: SchedulerDriver, framework_id: str,
                    master_info: MasterInfo) -> None:
         self.subscribed_at = self.subscribed_at or time.monotonic()
+        if self.declare:
+            driver.request([demand(Resources.of(cpus=0.1, mem=32), 1)])
 
     def offers(self, driver: SchedulerDriver, offers: list[common_pb2.Offer]) -> None:
         rest = [o.offer_id for o in offers]
@@ -223,7 +229,7 @@ class Run:
     def run(self) -> dict[str, Any]:
         self.url = local_cluster.up(local_cluster.UpOptions(
             run_dir=self.run_dir, agents=0, standbys=1, offer_timeout=3600,
-            heartbeat=HEARTBEAT, timeout=120))
+            heartbeat=HEARTBEAT, timeout=120, jobs=False))  # no job runner: the control plane
         self.registration()
         if not self.skip_subscribe:
             self.subscribe_to_running()
@@ -262,16 +268,22 @@ class Run:
     def subscribe_to_running(self) -> None:
         samples: list[float] = []
         offers: list[float] = []
+        declared: list[float] = []
         with self.phase("subscribe_to_running"):
-            for i in range(SUBSCRIBE_TRIALS):
-                self._one_task(i, samples, offers)
+            for i in range(SUBSCRIBE_TRIALS):  # the two kinds take turns
+                self._one_task(i, samples, offers, declare=i % 2 == 1)
+                self._one_task(i, declared, [], declare=i % 2 == 0)
         self.row["subscribe_to_running_s"] = sorted(samples)
         self.row["subscribe_to_offer_s"] = sorted(offers)
+        self.row["subscribe_to_running_declared_s"] = sorted(declared)
 
-    def _one_task(self, i: int, samples: list[float], offers: list[float]) -> None:
-        """One framework subscribes and runs its single task."""
-        sched = OneTask()
-        driver = SchedulerDriver(sched, framework_info(f"one-{i}"), self.url)
+    def _one_task(self, i: int, samples: list[float], offers: list[float],
+                  declare: bool = False) -> None:
+        """One framework subscribes and runs its single task (`declare`: of declared
+        demand)."""
+        sched = OneTask(declare)
+        name = f"one-{i}{'-declared' if declare else ''}"
+        driver = SchedulerDriver(sched, framework_info(name), self.url)
         driver.start()
         try:
             _wait(sched.running, 120, "the single task RUNNING", 0.01)
@@ -282,8 +294,10 @@ class Run:
             progress(f"{self.n} agents: the single task was launched again "
                      f"{sched.relaunches} time(s)")
         samples.append(sched.running_at - sched.subscribed_at)
-        offers.append(sched.offered_at - sched.subscribed_at)
-        progress(f"{self.n} agents: subscribed -> first offer {offers[-1]:.3f}s, "
+        if not declare:
+            offers.append(sched.offered_at - sched.subscribed_at)
+        progress(f"{self.n} agents{' (declared demand)' if declare else ''}: subscribed -> "
+                 f"first offer {sched.offered_at - sched.subscribed_at:.3f}s, "
                  f"-> RUNNING {samples[-1]:.3f}s")
 
     def launch(self) -> SchedulerDriver:
@@ -534,13 +548,16 @@ def report(rows: list[dict[str, Any]], config: dict[str, Any]) -> None:
     done = [r for r in rows if "failed" not in r]
     base = min(done, key=lambda r: r["agents"]) if done else None
     print(f"\n{'agents':>7} {'tasks':>7} {'register':>9} {'agents/s':>9} {'sub->run':>9} "
-          f"{'tasks/s':>8} {'failover':>9} {'x base (reg, sub, rate, failover)':>36}")
+          f"{'declared':>9} {'tasks/s':>8} {'failover':>9} "
+          f"{'x base (reg, sub, rate, failover)':>36}")
     for r in rows:
         if "failed" in r:
             print(f"{r['agents']:>7}  FAILED: {r['failed']}")
             continue
         subs = r.get("subscribe_to_running_s") or [math.nan]
         sub = subs[len(subs) // 2]
+        decl = r.get("subscribe_to_running_declared_s") or [math.nan]
+        declared = decl[len(decl) // 2]
         r.setdefault("failover_s", float("nan"))
         ratios = "-"
         if base is not None and base is not r:
@@ -550,7 +567,7 @@ def report(rows: list[dict[str, Any]], config: dict[str, Any]) -> None:
                       f"{sub / bsub:.1f}x {r['launch_rate'] / base['launch_rate']:.2f}x "
                       f"{r['failover_s'] / base['failover_s']:.1f}x")
         print(f"{r['agents']:>7} {r['tasks']:>7} {r['registration_s']:>8.2f}s "
-              f"{r['agents'] / r['registration_s']:>9.0f} {sub:>8.3f}s "
+              f"{r['agents'] / r['registration_s']:>9.0f} {sub:>8.3f}s {declared:>8.3f}s "
               f"{r['launch_rate']:>8.0f} {r['failover_s']:>8.2f}s {ratios:>36}")
     print("\nwhere the time goes (CPU seconds per process, per phase):")
     for r in rows:
