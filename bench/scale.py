@@ -596,6 +596,4 @@ def report(rows: list[dict[str, Any]], config: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    import sys
-
-    main(sys.argv[1:])
+    main()
