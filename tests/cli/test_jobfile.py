@@ -39,7 +39,7 @@ def test_the_example_job_file_parses() -> None:
     s = job.spec
     assert (s.name, s.instances, s.cpus, s.mem, s.ports) == ("web", 2, 0.1, 32.0, [8080])
     assert job.port_names == ["http"]
-    assert s.constraints == ["hostname:unique"] and s.health_http == "/"
+    assert s.constraints == ["hostname:unique"] and s.health_http == "/hostname"
     assert s.env == {"GREETING": "hello"} and s.command[0] == "httpd"
 
 

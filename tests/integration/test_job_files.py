@@ -149,3 +149,21 @@ def test_plan_run_update_and_stop_a_job(cluster: Cluster, docker_client: Any,
                 if f["framework_info"]["name"] == NAME]
     assert containers(docker_client, NAME) == []
     assert NAME not in [j["name"] for j in cluster.state()["jobs"]]
+
+
+def test_the_example_job_file_runs_healthy(cluster: Cluster, docker_client: Any) -> None:
+    """frameworks/jobs/web.toml (what the README and the demo suggest) runs both instances
+    and they report healthy (its HTTP check once answered 404: a crash loop)."""
+    example = Path(__file__).resolve().parents[2] / "frameworks" / "jobs" / "web.toml"
+    ok(cluster, "job", "run", str(example))
+
+    def healthy() -> bool:
+        tasks = [t for t in cluster.state()["tasks"]
+                 if t["task_info"]["task_id"].startswith("web-")
+                 and t["status"]["state"] == "TASK_RUNNING"]
+        return len(tasks) == 2 and all(t["status"].get("healthy") is True for t in tasks)
+    try:
+        wait_for(healthy, 60, message="the example job's instances never reported healthy")
+        assert json.loads(ok(cluster, "job", "list", "--json"))["jobs"][0]["running"] == 2
+    finally:
+        ok(cluster, "job", "stop", "web")
