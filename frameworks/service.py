@@ -185,7 +185,7 @@ def plan(spec: ServiceSpec, instances: dict[int, Instance],
 
 
 def task_info(spec: ServiceSpec, instance: Instance, offer: common_pb2.Offer,
-              ports: list[int] | None = None) -> common_pb2.TaskInfo:
+              ports: list[int] | None = None, digest: str = "") -> common_pb2.TaskInfo:
     """The task of one instance's attempt; `ports` are its host ports, one per spec port in
     order: published as port mappings, in its resources, and in PORT0.. / PORT_<N>."""
     task = common_pb2.TaskInfo(task_id=f"{spec.name}-{instance.index}-{instance.attempts}",
@@ -197,7 +197,7 @@ def task_info(spec: ServiceSpec, instance: Instance, offer: common_pb2.Offer,
     task.resources.extend((spec.resources() + Resources.of(
         ports=[(p, p) for p in ports])).to_proto())
     task.labels["service"] = spec.name
-    task.labels[SPEC_LABEL] = spec_digest(spec)
+    task.labels[SPEC_LABEL] = digest or spec_digest(spec)
     env = dict(spec.env)
     for i, (container_port, host_port) in enumerate(zip(spec.ports, ports, strict=True)):
         env[f"PORT{i}"] = env[f"PORT_{container_port}"] = str(host_port)
@@ -249,6 +249,7 @@ class ServiceScheduler(Scheduler):
         self.restarts = 0
         self.health_kills = 0
         self.replaced = 0  # instances killed by rolling updates
+        self.digest = spec_digest(spec)  # of the spec new attempts launch from
         self.revoked_tasks = 0  # killed by the master for fair sharing (REASON_TASK_REVOKED)
         self.declared: common_pb2.Demand | None = None  # the demand last requested
         self.removed = ""  # the master's final Error (e.g. removed by the operator)
@@ -303,7 +304,7 @@ class ServiceScheduler(Scheduler):
                 for index in indexes:
                     inst = self.instances.setdefault(index, Instance(index))
                     inst.attempts += 1
-                    task = task_info(self.spec, inst, offer, p.ports.get(index))
+                    task = task_info(self.spec, inst, offer, p.ports.get(index), self.digest)
                     inst.task_id, inst.agent_id, inst.hostname = (task.task_id, offer.agent_id,
                                                                   offer.hostname)
                     inst.state = "TASK_STAGING"
@@ -404,6 +405,7 @@ class ServiceScheduler(Scheduler):
         instances, at most `max_unavailable` down at a time."""
         with self.lock:
             self.spec = spec
+            self.digest = spec_digest(spec)
             self._scale_down(driver)
             self._roll(driver)
             self._want_offers(driver)
@@ -417,7 +419,7 @@ class ServiceScheduler(Scheduler):
     def _roll(self, driver: SchedulerDriver) -> None:
         """A rolling update: replace instances of an older spec, a few at a time."""
         checked = bool(self.spec.health_cmd or self.spec.health_http)
-        for index in to_replace(self.instances, self.spec.instances, spec_digest(self.spec),
+        for index in to_replace(self.instances, self.spec.instances, self.digest,
                                 self.spec.max_unavailable, checked):
             logger.info("rolling update: replacing", instance=index,
                         task=self.instances[index].task_id)

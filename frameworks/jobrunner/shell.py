@@ -6,6 +6,7 @@ scheduler (frameworks/service.py) per job the master keeps. What to run is the c
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -207,8 +208,6 @@ class JobRunnerShell(ServiceKit):
         return {"jobs": len(self.core.jobs), "running": len(self.schedulers)}
 
     def _http_jobs(self, query: dict[str, list[str]]) -> Response:
-        import json
-
         view = self.core.view()
         for name, entry in view.items():
             running = self.schedulers.get(name)

@@ -53,6 +53,12 @@ def _bad(path: str, exc: Exception) -> int:
     return EXIT_BAD_JOB
 
 
+def job_query(name: str) -> str:
+    """The /state `job run` and `job stop` read: every job, the frameworks named `name` and
+    their tasks (not the whole cluster's)."""
+    return urlencode({"framework_name": name, "agents": 0})
+
+
 def submit_call(spec: Any) -> operator_pb2.OperatorCall:
     """The SubmitJob of a job file's spec."""
     call = operator_pb2.OperatorCall()
@@ -98,7 +104,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     spec = job.spec
     args.name = spec.name
     url = cluster_url(args.cluster, args.run_dir)
-    _, state = master_state(url, args.timeout)
+    _, state = master_state(url, args.timeout, job_query(spec.name))
     current = next((j for j in state.get("jobs", []) if j.get("name") == spec.name), None)
     if current is None and lifecycle.frameworks_named(state, spec.name):
         console.print(f"[red]offerbus: a framework named {spec.name} (not a job) is "
@@ -167,8 +173,7 @@ def rollout_counts(state: dict[str, Any], name: str, digest: str) -> Counter[str
 def wait_rollout(args: argparse.Namespace, url: str, spec: Any) -> int:
     """Until every instance runs from the new spec and none of an older one is left."""
     digest = spec_digest(spec)
-    poll = lifecycle.StatePoller(url, args.timeout, urlencode({
-        "framework_name": spec.name, "agents": 0}))
+    poll = lifecycle.StatePoller(url, args.timeout, job_query(spec.name))
     progress = lifecycle.Progress(spec.instances, time.monotonic(), stall_s=args.stall,
                                   timeout_s=args.wait_timeout)
     backoff = lifecycle.Backoff()
@@ -265,7 +270,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
     killed); then wait until its containers are gone. A service started with `offerbus run`
     (no job of that name) is stopped as `offerbus stop` does."""
     url = cluster_url(args.cluster, args.run_dir)
-    _, state = master_state(url, args.timeout)
+    _, state = master_state(url, args.timeout, job_query(args.name))
     if not any(j.get("name") == args.name for j in state.get("jobs", [])):
         return lifecycle.cmd_stop(args, console)
     fids = {f["framework_info"]["framework_id"] for f in state.get("frameworks", [])

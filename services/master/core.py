@@ -30,7 +30,7 @@ from services.bus.codec import DEFAULT_FRAME_LIMIT
 from services.master.acl import Acl
 from services.master.agents import AgentHandlers
 from services.master.commands import Command, Reject, ToAgent, ToFramework, ToOperator
-from services.master.frameworks import Event, FrameworkHandlers
+from services.master.frameworks import Event
 from services.master.jobs import JobHandlers
 from services.master.liveness import AGENT_GONE_TIMEOUT_S, AGENT_TIMEOUT_S, MAX_GONE_AGENTS
 from services.master.records import (
@@ -72,7 +72,7 @@ class _Refused(Exception):
         self.task_reason = task_reason
 
 
-class MasterCore(AgentHandlers, FrameworkHandlers, RevocationHandlers, JobHandlers):
+class MasterCore(AgentHandlers, JobHandlers, RevocationHandlers):
     """See the module docstring. `recovered_registry`: the registry document the previous
     leader persisted (registry_document()); its registered agents get
     `agent_reregister_window_s` from this core's first call to re-register."""

@@ -8,26 +8,25 @@ from __future__ import annotations
 
 import json
 
-from google.protobuf import struct_pb2
 from google.protobuf.json_format import MessageToDict
 
 from schemas import bus_pb2, operator_pb2, scheduler_pb2, state_pb2
 from services.master.acl import Acl
 from services.master.commands import Command, Reject, ToFramework, ToOperator
+from services.master.frameworks import FrameworkHandlers
 from services.master.records import (
     JOB_LABEL,
     MAX_JOB_SPEC_BYTES,
     MAX_JOBS,
-    Framework,
     job_name_error,
     us,
 )
-from services.master.state import MasterState
 from services.roles import role_error
 
 
-class JobHandlers(MasterState):
-    """Mixed into MasterCore: `jobs` is one of its tables (state.py)."""
+class JobHandlers(FrameworkHandlers):
+    """Mixed into MasterCore: `jobs` is one of its tables (state.py); a job's frameworks
+    are removed as TeardownFramework removes one (frameworks.py)."""
 
     acl: Acl | None = None  # who may use which role (acl.py); None: no check
 
@@ -94,8 +93,7 @@ class JobHandlers(MasterState):
             given = fields[key].string_value if key in fields else None
             if given != want:
                 return f"the spec's {key} {given!r} is not the job's {want!r}"
-        if "image" not in fields or not isinstance(fields["image"], struct_pb2.Value) \
-                or fields["image"].WhichOneof("kind") != "string_value":
+        if "image" not in fields or fields["image"].WhichOneof("kind") != "string_value":
             return "the spec has no image"
         return None
 
@@ -114,6 +112,3 @@ class JobHandlers(MasterState):
             killed += len(fw.tasks)
             out += self._remove_framework(fw, f"job {name} removed")
         return out, killed
-
-    def _remove_framework(self, fw: Framework, why: str) -> list[Command]:
-        raise NotImplementedError  # MasterCore's (core.py)
