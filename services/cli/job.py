@@ -272,7 +272,13 @@ def cmd_stop(args: argparse.Namespace) -> int:
     url = cluster_url(args.cluster, args.run_dir)
     _, state = master_state(url, args.timeout, job_query(args.name))
     if not any(j.get("name") == args.name for j in state.get("jobs", [])):
-        return lifecycle.cmd_stop(args, console)
+        try:
+            return lifecycle.cmd_stop(args, console)
+        except CliError as exc:
+            if not str(exc).startswith("no service"):
+                raise
+            raise CliError(f"no job {args.name!r} (`offerbus job list` shows the jobs) and no "
+                           "service of that name started with `offerbus run`") from None
     fids = {f["framework_info"]["framework_id"] for f in state.get("frameworks", [])
             if f["framework_info"].get("labels", {}).get(JOB_LABEL) == args.name}
     executors = lifecycle.executors_of(state, fids)

@@ -149,6 +149,8 @@ def test_plan_run_update_and_stop_a_job(cluster: Cluster, docker_client: Any,
                 if f["framework_info"]["name"] == NAME]
     assert containers(docker_client, NAME) == []
     assert NAME not in [j["name"] for j in cluster.state()["jobs"]]
+    again = cli(cluster, "job", "stop", NAME)
+    assert again.returncode == 1 and f"no job {NAME!r}" in again.stdout + again.stderr
 
 
 def test_the_example_job_file_runs_healthy(cluster: Cluster, docker_client: Any) -> None:
