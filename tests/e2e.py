@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 import uuid
 from collections import defaultdict
@@ -43,8 +44,18 @@ class Cluster:
         finally:
             detector.close()
         assert leader is not None, "no leading master"
-        with urllib.request.urlopen(leader.endpoints["http"] + "/state", timeout=5) as r:
-            return json.loads(r.read())  # type: ignore[no-any-return]
+        # Elected is not yet leading: until its reign begins (the registry loaded) the new
+        # leader answers 503; wait for it (a failover's first read hit that in CI).
+        deadline = time.monotonic() + 15.0
+        while True:
+            try:
+                with urllib.request.urlopen(leader.endpoints["http"] + "/state",
+                                            timeout=5) as r:
+                    return json.loads(r.read())  # type: ignore[no-any-return]
+            except urllib.error.HTTPError as exc:
+                if exc.code != 503 or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.05)  # polling the leader's reign with a deadline
 
     def cli(self, *args: str) -> str:
         out = subprocess.run([sys.executable, "-m", "services.cli", "--cluster", self.url,
