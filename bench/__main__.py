@@ -23,7 +23,7 @@ from bench import (
 
 BENCHES: dict[str, Callable[[], None]] = {
     "bus": bus.main, "launch": launch.main, "tracing": tracing.main, "failover": failover.main,
-    "memory": memory.main, "state": state.main, "scale": scale.main,
+    "memory": memory.main, "state": state.main, "scale": lambda: scale.main([]),
     "allocation": allocation.main, "fairness": fairness.main, "plot": plot.main}
 
 

@@ -31,6 +31,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -502,7 +503,7 @@ def main(argv: list[str] | None = None) -> None:
                          "update, seconds (0: the agent's default)")
     ap.add_argument("--gc-stats", action="store_true",
                     help="time every service's garbage collections (bench/profiling)")
-    args = ap.parse_args(argv if argv is not None else [])
+    args = ap.parse_args(argv)
     sizes = [int(x) for x in args.agents.split(",") if x]
     print(f"bench scale: {sizes} virtual agents x {args.tasks_per_agent} tasks, "
           f"{args.rounds} round(s)")
@@ -596,4 +597,4 @@ def report(rows: list[dict[str, Any]], config: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])
