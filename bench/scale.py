@@ -504,6 +504,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--gc-stats", action="store_true",
                     help="time every service's garbage collections (bench/profiling)")
     args = ap.parse_args(argv)
+    if args.spy and not shutil.which(args.spy):
+        ap.error(f"--spy: no py-spy at {args.spy!r} (give its path)")
     sizes = [int(x) for x in args.agents.split(",") if x]
     print(f"bench scale: {sizes} virtual agents x {args.tasks_per_agent} tasks, "
           f"{args.rounds} round(s)")

@@ -207,7 +207,7 @@ class AgentCore(ContainerHousekeeping):
             cmds: list[Command] = []
             for ack in event.acknowledgements.acks:
                 cmds += self._updates(self.updates.acknowledge(ack.framework_id, ack.task_id,
-                                                               ack.uuid))
+                                                               ack.uuid, now))
             return cmds
         if kind == "reconcile":
             return self._reconcile(event.reconcile, now)

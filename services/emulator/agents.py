@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from schemas import agent_pb2, bus_pb2, common_pb2
 from services import tasks
-from services.agent.status_updates import MAX_BATCH, RETRY_INITIAL_S, retry_interval
+from services.agent.status_updates import MAX_BATCH, RETRY_INITIAL_S, RetryTimer
 from services.notice import Notice
 
 TaskStatus = common_pb2.TaskStatus
@@ -54,6 +54,7 @@ class VTask:
     finish_at: float | None = None
     pending: deque[TaskStatus] = field(default_factory=deque)  # head sent, unacknowledged
     sends: int = 0  # sends of the head
+    sent_at: float | None = None  # the head's first send (a round-trip sample's start)
     retry_at: float | None = None
     reported: bool = True  # False: an update stream only (unknown task), not re-registered
 
@@ -70,6 +71,7 @@ class VAgent:
     reg: Reg = Reg.DISCONNECTED
     attempts: int = 0  # (re-)registrations sent without an answer
     register_at: float | None = None
+    retry: RetryTimer = field(default_factory=RetryTimer)  # as the real agent's, its own
     tasks: dict[Key, VTask] = field(default_factory=dict)
     ready: set[Key] = field(default_factory=set)  # heads to send at the next flush
 
@@ -82,17 +84,19 @@ class AgentsCore:
         """`infos`: one per virtual agent, its hostname its name (and channel); `nonce`: 8
         random bytes (status update uuids are nonce + counter); `run_s`: a task's run time
         unless its RUN_LABEL says otherwise (inf: until killed); `update_retry_s`: the first
-        resend of an unacknowledged update (then doubling), the real agent's by default."""
+        resend of an unacknowledged update at the least (then doubling; longer when the
+        agent's acknowledgements take longer, as the real agent's RetryTimer), the real
+        agent's by default."""
         self.agents: dict[str, VAgent] = {}
         for info in infos:
             copy = common_pb2.AgentInfo()
             copy.CopyFrom(info)
-            self.agents[info.hostname] = VAgent(info.hostname, copy)
+            self.agents[info.hostname] = VAgent(info.hostname, copy,
+                                                retry=RetryTimer(initial=update_retry_s))
         if len(nonce) != 8:
             raise ValueError("the nonce is 8 bytes")
         self.nonce, self.run_s, self.window = nonce, run_s, max(1, window)
         self.register_timeout_s, self.max_tasks = register_timeout_s, max_tasks
-        self.update_retry_s = update_retry_s
         self.frameworks: dict[str, common_pb2.FrameworkInfo] = {}
         self._fw_tasks: Counter[str] = Counter()  # live tasks per framework (prunes the above)
         self.by_id: dict[str, str] = {}  # agent id -> name
@@ -211,7 +215,7 @@ class AgentsCore:
             self._kill(a, event.kill_task.framework_id, event.kill_task.task_id, now)
         elif kind == "acknowledgements":
             for ack in event.acknowledgements.acks:
-                self._acknowledge(a, (ack.framework_id, ack.task_id), ack.uuid)
+                self._acknowledge(a, (ack.framework_id, ack.task_id), ack.uuid, now)
         elif kind == "reconcile":
             for r in event.reconcile.tasks:
                 if (r.framework_id, r.task_id) not in a.tasks:
@@ -247,7 +251,7 @@ class AgentsCore:
         self._registering.discard(a.name)
         for t in a.tasks.values():  # every head at once, backoff reset
             if t.pending:
-                t.sends, t.retry_at = 0, None
+                t.sends, t.sent_at, t.retry_at = 0, None, None
                 a.ready.add(t.key)
         if a.ready:
             self._dirty.add(a.name)
@@ -368,14 +372,16 @@ class AgentsCore:
             a.ready.add(key)
             self._dirty.add(a.name)
 
-    def _acknowledge(self, a: VAgent, key: Key, uuid: bytes) -> None:
+    def _acknowledge(self, a: VAgent, key: Key, uuid: bytes, now: float) -> None:
         t = a.tasks.get(key)
         if t is None or not t.pending or t.pending[0].uuid != uuid:
             self.counts["acks_stale"] += 1
             return
         self.counts["updates_acked"] += 1
         t.pending.popleft()
-        t.sends, t.retry_at = 0, None
+        if t.sends == 1 and t.sent_at is not None:
+            a.retry.sample(now - t.sent_at)
+        t.sends, t.sent_at, t.retry_at = 0, None, None
         if t.pending:
             a.ready.add(key)
             self._dirty.add(a.name)
@@ -403,7 +409,9 @@ class AgentsCore:
                 head.agent_id = a.agent_id
                 batch.add(framework_id=t.framework_id).status.CopyFrom(head)
                 t.sends += 1
-                t.retry_at = now + retry_interval(t.sends, self.update_retry_s)
+                if t.sends == 1:
+                    t.sent_at = now
+                t.retry_at = now + a.retry.interval(t.sends)
                 self._schedule(t.retry_at, "retry", name, key)
             if batch:
                 self.counts["updates_sent"] += len(batch)

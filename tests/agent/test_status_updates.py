@@ -61,8 +61,10 @@ class Shell:
     def add(self, task: str, state: tasks.State, uuid: bytes) -> list[su.Output]:
         return self.run(self.mgr.update(FW, status(task, state, uuid)))
 
-    def ack(self, task: str, uuid: bytes) -> list[su.Output]:
-        return self.run(self.mgr.acknowledge(FW, task, uuid))
+    def ack(self, task: str, uuid: bytes, now: float | None = None) -> list[su.Output]:
+        if now is not None:
+            self.now = now
+        return self.run(self.mgr.acknowledge(FW, task, uuid, self.now))
 
     def tick(self, now: float) -> list[tuple[str, bytes]]:
         self.now = now
@@ -111,7 +113,49 @@ def test_retry_schedule_doubles_to_cap() -> None:
     assert gaps == [0.5, 1, 2, 4, 8, 16, 30, 30, 30, 30, 30]
     assert sh.mgr.counts["retries"] == 11
     assert [su.retry_interval(n) for n in (1, 2, 4, 5, 10_000)] == [2, 4, 16, 30, 30]
-    assert su.StatusUpdateManager().retry_initial_s == su.RETRY_INITIAL_S == 2.0
+    assert su.StatusUpdateManager().retry.timeout == su.RETRY_INITIAL_S == 2.0
+
+
+def test_slow_acknowledgements_stretch_the_retry_timeout() -> None:
+    # A master that acknowledges in 5 s is not sent the next update again after 0.5 s:
+    # the wait follows the round trip (RFC 6298), so a loaded master is not loaded further.
+    sh = started()
+    sh.add("t", tasks.STARTING, b"u1")
+    sh.add("t", tasks.RUNNING, b"u2")
+    assert sh.tick(0.0) == [("t", b"u1")]
+    sh.ack("t", b"u1", now=5.0)
+    assert sh.tick(5.0) == [("t", b"u2")]
+    assert sh.mgr.retry.srtt == 5.0
+    assert sh.mgr.next_deadline() == 5.0 + 5.0 + 4 * 2.5  # srtt + 4 rttvar
+    assert sh.tick(19.9) == []
+    assert sh.tick(20.0) == [("t", b"u2")]
+    assert sh.mgr.counts["retries"] == 1
+
+
+def test_fast_acknowledgements_keep_the_floor_and_resent_ones_give_no_sample() -> None:
+    sh = started()
+    for i in range(20):  # acknowledged at once: the timeout stays at its floor
+        sh.add(f"t{i}", tasks.RUNNING, b"u%d" % i)
+        assert sh.tick(float(i)) == [(f"t{i}", b"u%d" % i)]
+        sh.ack(f"t{i}", b"u%d" % i, now=i + 0.01)
+    assert sh.mgr.retry.samples == 20 and sh.mgr.retry.timeout == FAST
+    sh.add("late", tasks.RUNNING, b"x")
+    sh.tick(100.0)
+    sh.tick(100.0 + FAST)  # resent once
+    sh.ack("late", b"x", now=130.0)  # which send does this answer? Karn: no sample
+    assert sh.mgr.retry.samples == 20 and sh.mgr.retry.timeout == FAST
+    sh.ack("gone", b"y", now=140.0)  # stale: nothing learned
+    assert sh.mgr.retry.samples == 20
+
+
+def test_retry_timer_caps_and_ignores_nonsense() -> None:
+    timer = su.RetryTimer(initial=2.0, cap=30.0)
+    assert [timer.interval(n) for n in (1, 2, 3)] == [2.0, 4.0, 8.0]
+    timer.sample(100.0)
+    assert timer.timeout == 30.0 and timer.interval(3) == 30.0
+    for bad in (-1.0, float("nan")):
+        timer.sample(bad)
+    assert timer.samples == 1
 
 
 def test_stale_and_duplicate_acks_are_ignored_and_counted() -> None:

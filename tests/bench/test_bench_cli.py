@@ -22,3 +22,9 @@ def test_bench_scale_refuses_an_unknown_option() -> None:
     out = subprocess.run([sys.executable, "-m", "bench.scale", "--no-such-option"], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "unrecognized arguments" in out.stderr
+
+
+def test_bench_scale_refuses_a_missing_sampler_before_starting_a_cluster() -> None:
+    out = subprocess.run([sys.executable, "-m", "bench.scale", "--spy", "/nonexistent/py-spy"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "no py-spy" in out.stderr and "cluster up" not in out.stdout

@@ -147,6 +147,21 @@ def test_the_first_resend_can_be_set() -> None:
     assert c.tick(5.9) == [] and updates(c.tick(6.0)) == [("v0", "t1", "TASK_STARTING")]
 
 
+def test_a_slowly_acknowledged_agent_waits_longer_before_resending() -> None:
+    # As the real agent (RetryTimer): STARTING acknowledged after 4 s sets v0's resend of
+    # RUNNING to 4 + 4 x 2 = 12 s, not 2 s; v1, acknowledged at once, keeps 2 s.
+    c = registered_core(2, update_retry_s=2.0)
+    for agent in ("v0", "v1"):
+        sent = run(c, agent, "t1", 0.0)
+        assert updates(sent) == [(agent, "t1", "TASK_STARTING")]
+        running = ack(c, agent, sent, 4.0 if agent == "v0" else 0.01)
+        assert updates(running) == [(agent, "t1", "TASK_RUNNING")]
+    assert c.agents["v0"].retry.srtt == 4.0
+    assert updates(c.tick(2.01)) == [("v1", "t1", "TASK_RUNNING")]  # 0.01 + 2
+    assert ("v0", "t1", "TASK_RUNNING") not in updates(c.tick(15.9))  # v1 resends meanwhile
+    assert ("v0", "t1", "TASK_RUNNING") in updates(c.tick(16.0))
+
+
 def test_updates_of_one_agent_go_in_one_batch() -> None:
     c = registered_core(2)
     ev = Event()
