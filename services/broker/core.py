@@ -16,26 +16,17 @@ RESCINDED, LAUNCH_REJECTED), or -- only when the allocator will forget them by i
 nothing: offers of a removed agent, and everything on `rescind_all`. Every Recovery carries
 an explicit `refuse_seconds` (0 = no filter): the default of 5 s is applied here, once.
 
-Failover, who does what:
-- The OLD broker, if it still runs (graceful shutdown, or it learns it was deposed), calls
-  `rescind_all(RESCIND_REASON_BROKER_FAILOVER)`: frameworks get Rescind for every offer it
-  made; it sends no Recovery, and abandons its pending LaunchRequests.
-- If the old broker died, nobody can name its offers but the master, which relayed them:
-  on a new broker epoch the master rescinds every offer whose id carries the old broker's
-  prefix (ids are "<prefix>-o<n>", the prefix being the broker's epoch), and it drops any
-  message (Accept relays' answers, LaunchRequests) fenced by the old epoch.
-- The NEW broker starts with an empty table and a new prefix, so an ACCEPT naming an old
-  offer is refused as unknown. The allocator, on seeing a broker with a new epoch, treats
-  everything it had allocated as recovered; launches the old broker had asked for show up
-  (or not) as tasks on the master's state stream. Hence no Recovery on `rescind_all`: it
-  would be counted twice.
-- A NEW ALLOCATOR (a higher epoch) likewise counts every resource free: the broker rescinds
-  what the old one allocated, without Recovery. Pending launches stay.
-- A NEW MASTER: an offer reached its framework over that framework's connection to the
-  master that relayed it, which dies with that master (a re-subscribing driver voids the
-  offers of its earlier connection). Offers relayed by another master than the one now
-  leading (or made while none led) are rescinded WITH Recovery, unfiltered: the allocator
-  still counts them and offers them again. Pending launches stay (see launches.py).
+Failover, who does what (docs/DESIGN.md §7 has the table):
+- The OLD broker, if it still runs, calls `rescind_all(RESCIND_REASON_BROKER_FAILOVER)`: no
+  Recovery (the allocator, seeing a new broker epoch, recovers everything itself); if it
+  died, the master rescinds every offer carrying its prefix ("<prefix>-o<n>").
+- The NEW broker starts with an empty table and a new prefix (old ids are unknown).
+- A NEW ALLOCATOR counts every resource free: offers rescinded without Recovery.
+- A NEW MASTER: offers relayed by another master (or made while none led) are rescinded
+  WITH Recovery, unfiltered; pending launches stay (launches.py). The same holds when the
+  link to the leading master broke and came back (`master_link_reset`: what was queued on
+  it is lost), and offers the shell could not hand to the master at all go straight back
+  (`offers_undelivered`).
 """
 
 from __future__ import annotations
@@ -214,15 +205,9 @@ class BrokerCore:
         While none leads they stay: the same master may come back, connections intact."""
         out = self._due(now)
         if epoch is not None:
-            void = sorted(oid for oid in self.table.offered_ids()
-                          if self.table.offers[oid].master_epoch != epoch)
-            if void:
-                out += self._rescind(void, RescindReason.RESCIND_REASON_FRAMEWORK_INACTIVE,
-                                     "offered through a master that no longer leads",
-                                     recover=True)
-                out.append(Notice.of("offers_voided", f"{len(void)} offers relayed by another "
-                                     f"master than epoch {epoch} rescinded and recovered",
-                                     offers=len(void), master_epoch=epoch))
+            out += self._void([oid for oid in self.table.offered_ids()
+                               if self.table.offers[oid].master_epoch != epoch],
+                              f"relayed by another master than epoch {epoch}", epoch)
         orphaned = self._launches.master_changed(epoch, now)
         if orphaned:
             out.append(Notice.of(
@@ -231,6 +216,35 @@ class BrokerCore:
                 launches=orphaned, master_epoch=epoch or 0))
         out += self._resolve_launches(now)
         return coalesce(out)
+
+    def master_link_reset(self, now: float) -> list[Command]:
+        """The connection to the leading master broke and is made again: offers queued on
+        it or in flight were lost, and which reached their frameworks nobody can tell. Every
+        outstanding offer is rescinded and recovered, unfiltered, as for a new master."""
+        return coalesce(self._due(now) + self._void(
+            self.table.offered_ids(), "relayed over a link to the master that broke",
+            self._launches.master_epoch or 0))
+
+    def offers_undelivered(self, offer_ids: Iterable[str], now: float) -> list[Command]:
+        """The shell could not hand these offers to the master (no connection, its queue
+        full): no framework saw them. Back to the allocator at once, with no Rescind."""
+        out = self._due(now)
+        ids = [oid for oid in offer_ids if self.table.states.get(oid) is OfferState.OFFERED]
+        if ids:
+            out += [c for c in self._rescind(ids, 0, "", recover=True)
+                    if not isinstance(c, Rescind)]
+            out.append(Notice.of("offers_undelivered", f"{len(ids)} offers could not be sent "
+                                 "to the master: recovered", offers=len(ids)))
+        return coalesce(out)
+
+    def _void(self, offer_ids: Iterable[str], why: str, epoch: int) -> list[Command]:
+        ids = sorted(offer_ids)
+        if not ids:
+            return []
+        return [*self._rescind(ids, RescindReason.RESCIND_REASON_FRAMEWORK_INACTIVE,
+                               f"offer {why}", recover=True),
+                Notice.of("offers_voided", f"{len(ids)} offers {why}: rescinded and recovered",
+                          offers=len(ids), master_epoch=epoch)]
 
     # -- events: the allocator ---------------------------------------------------------
     def allocator_seen(self, epoch: int, now: float) -> list[Command]:

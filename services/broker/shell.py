@@ -77,6 +77,7 @@ class BrokerShell(ServiceKit):
         # While leading:
         self.core: BrokerCore | None = None
         self.to_master: DealerClient | None = None
+        self._link_broken = False  # the master link missed its beats; the core hears on reconnect
         self.subscriber: StateSubscriber | None = None
         self.allocator_peer: bytes | None = None
         self._commands: list[Command] = []  # gathered over one reactor wake-up
@@ -106,8 +107,10 @@ class BrokerShell(ServiceKit):
         self._offered_at.clear()
         self.to_master = DealerClient(
             self.reactor, self.ctx, self.sender, self._on_master_message,
-            on_connected=self._on_master_connected, heartbeat=self.beat, stats=self.stats,
+            on_connected=self._on_master_connected, on_gone=self._on_master_gone,
+            heartbeat=self.beat, stats=self.stats,
             fence=self.master_fence, curve=self.curve.client, name="master")
+        self._link_broken = False
         self.subscriber = StateSubscriber(
             self.reactor, self.ctx, self.sender, self._on_state,
             heartbeat_interval=self.config.heartbeat_interval, max_missed=self.config.max_missed,
@@ -203,12 +206,20 @@ class BrokerShell(ServiceKit):
         self.to_master.connect(m.endpoints["internal"])
         self.subscriber.connect(m.endpoints["pub"], m.endpoints["snapshot"])
 
+    def _on_master_gone(self) -> None:
+        """The link to the master missed its beats: its socket, and what was queued on it,
+        is gone. The core hears of it once the link is back (master_link_reset)."""
+        self._link_broken = True
+
     def _on_master_connected(self) -> None:
         # The master learns its broker from a first non-heartbeat message (heartbeats stay
         # in the bus layer): an empty AllocatorDecisions, a no-op it may relay or ignore.
         # A paused reign says it on resume.
         if self.paused:
             return
+        if self._link_broken and self.core is not None:
+            self._link_broken = False
+            self._step(self.core.master_link_reset(self.driver.now()))
         msg = internal_pb2.InternalMessage(
             allocator_decisions=internal_pb2.InternalMessage.AllocatorDecisions())
         self._send_master(msg)
@@ -335,6 +346,7 @@ class BrokerShell(ServiceKit):
             return  # (a paused reign's commands wait for it to resume, or die with it)
         self.traces.commands(self._commands)  # before coalesce hides offers never shown
         cmds, self._commands = coalesce(self._commands), []
+        undelivered: list[str] = []
         for cmd in cmds:
             if isinstance(cmd, Notice):  # _step told them already
                 continue
@@ -355,7 +367,9 @@ class BrokerShell(ServiceKit):
                 traceparent = cmd.offers[0].traceparent
                 limit = self.to_master.frame_limit if self.to_master is not None else 0
                 for msg in cmd.to_protos(limit - codec.FRAME_MARGIN):
-                    self._send_master(msg, traceparent)
+                    if not self._send_master(msg, traceparent):
+                        undelivered += [o.offer_id for o in
+                                        msg.framework_event.event.offers.offers]
                 continue
             elif isinstance(cmd, Rescind):
                 name = RescindReason.Name(cmd.reason)  # type: ignore[arg-type]
@@ -370,6 +384,10 @@ class BrokerShell(ServiceKit):
             else:
                 self.stats.inc("accepts_rejected")
             self._send_master(cmd.to_proto(), traceparent)
+        if undelivered and self.core is not None:
+            self.stats.inc("offers_undelivered", len(undelivered))
+            self._step(self.core.offers_undelivered(undelivered, self.driver.now()))
+            self._flush()  # their Recovery, to the allocator
 
     def _count_recoveries(self, cmd: RecoverResources) -> None:
         for r in cmd.recoveries:
@@ -378,13 +396,15 @@ class BrokerShell(ServiceKit):
             elif r.reason == Reason.RECOVER_REASON_EXPIRED:
                 self.stats.inc("offers_expired")
 
-    def _send_master(self, msg: internal_pb2.InternalMessage, traceparent: str = "") -> None:
+    def _send_master(self, msg: internal_pb2.InternalMessage, traceparent: str = "") -> bool:
         if self.to_master is None:
-            return
+            return False
         env = codec.Envelope(traceparent=traceparent)
         env.internal.CopyFrom(msg)
         if not self.to_master.send(env):
             log.warning("send to master failed", kind=msg.WhichOneof("kind"))
+            return False
+        return True
 
     def _send_allocator(self, msg: internal_pb2.InternalMessage) -> None:
         if self.allocator_peer is None:

@@ -23,6 +23,7 @@ STATS_HELP = {
     "frames_dropped": "Frames refused (malformed, too large, stale epoch, unexpected), by reason.",
     "frames_unsent": "Frames that could not be sent, by reason.",
     "peers_lost": "Peers declared gone after missed heartbeats.",
+    "offers_undelivered": "Offers the broker could not hand to the master (recovered at once).",
     "calls_rejected": "Calls answered with an error, by error code.",
     "calls_refused": "Calls refused while not leading, by reason.",
     "peer_errors": "Errors received from peers: counted and logged, never answered.",

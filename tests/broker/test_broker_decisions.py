@@ -206,6 +206,43 @@ def test_offers_made_while_no_master_led_are_taken_back_when_one_leads() -> None
     core.validate()
 
 
+def test_offers_relayed_over_a_link_that_broke_are_taken_back_when_it_is_back() -> None:
+    """The link to the same master missed its beats (a master too busy to answer): its
+    socket was closed with what was queued on it. Those offers may never have reached
+    their frameworks; they were left outstanding until the offer timeout (an hour in
+    bench.scale, whose launch stalled). Now: rescinded and recovered, unfiltered; a launch
+    in flight stays (the stream or its deadline answers it)."""
+    core, req = launching()
+    core.stream_changed([agent_entry("a2"), framework_entry("f2")], T0)
+    out = offer_ids(core.allocations([alloc("x", "f2", agent="a2", cpus=1, mem=64)], T0))
+    cmds = core.master_link_reset(T0 + 1)
+    assert [(r.framework_id, r.offer_ids) for r in only(cmds, Rescind)] == [("f2", tuple(out))]
+    assert [(r.offer_id, r.reason, r.refuse_seconds) for r in recoveries(cmds)] == [
+        (out[0], RC.RECOVER_REASON_RESCINDED, 0)]
+    (n,) = notices(cmds, "offers_voided")
+    assert n.fields()["offers"] == 1 and n.fields()["master_epoch"] == 1
+    assert req.request_id in core.pending_launches and not core.outstanding_offers()
+    assert core.master_link_reset(T0 + 2) == []
+    core.validate()
+
+
+def test_offers_the_shell_could_not_send_go_back_without_a_rescind() -> None:
+    core = broker(prefix="e7")
+    core.master_changed(1, T0)
+    core.stream_changed([agent_entry("a1"), agent_entry("a2"), framework_entry("f1")], T0,
+                        reset=True)
+    made = offer_ids(core.allocations([alloc("x", cpus=1, mem=64), alloc("y", agent="a2",
+                                                                            cpus=1, mem=64)], T0))
+    cmds = core.offers_undelivered([made[0], "e7-o999"], T0 + 1)
+    assert not only(cmds, Rescind)  # no framework saw it
+    assert [(r.offer_id, r.reason, r.refuse_seconds) for r in recoveries(cmds)] == [
+        (made[0], RC.RECOVER_REASON_RESCINDED, 0)]
+    assert notices(cmds, "offers_undelivered")[0].fields()["offers"] == 1
+    assert [o.offer_id for o in core.outstanding_offers()] == [made[1]]
+    assert core.offers_undelivered([made[0]], T0 + 2) == []  # once
+    core.validate()
+
+
 def test_a_launch_in_flight_is_not_voided_by_a_master_change() -> None:
     core, req = launching()
     cmds = core.master_changed(2, T0 + 1)

@@ -377,3 +377,30 @@ def test_launches_the_master_never_answers_are_settled_by_the_brokers_timer(
         assert [list(r.task_ids) for r in master.events("accept_rejected", mark)] == [["t-lost"]]
     finally:
         master.close()
+
+
+def test_offers_relayed_over_a_link_that_broke_are_made_again_when_it_is_back(
+    tmp_path: Path, spawn: Callable[..., subprocess.Popen[bytes]],
+) -> None:
+    """The master (the test) stops answering the broker's heartbeats, as a master too busy to
+    read: the broker drops its link (and what was queued on it) and makes a new one. Whether
+    the offer it had relayed reached its framework nobody can tell, so once the link is back
+    it is rescinded and the agent offered again at once, not after the offer timeout."""
+    master = Master(tmp_path)
+    try:
+        spawn("broker", "b1", "--heartbeat", "0.2")  # its link gives up after 5 missed: 1 s
+        spawn("allocator", "a1", "--interval", "30")  # no sweep: only the recovery re-offers
+        master.publish(agent("ag-1"), framework(FW))
+        first = master.until_offered({"ag-1"}, 0, START, "no offer")["ag-1"]
+        mark = len(master.received)
+
+        def link_lost() -> bool:  # the injected fault: this master reads nothing meanwhile
+            metrics = http_get(tmp_path, "broker", "/metrics").decode()
+            return "offerbus_broker_peers_lost_total 0.0" not in metrics \
+                and "offerbus_broker_peers_lost_total" in metrics
+        assert wait_for(link_lost, STEP * 2, message="the broker kept its link to the master")
+        offers = master.until_offered({"ag-1"}, mark, STEP, "the agent was not offered again")
+        assert offers["ag-1"].offer_id != first.offer_id
+        assert [list(r.offer_ids) for r in master.events("rescind", mark)] == [[first.offer_id]]
+    finally:
+        master.close()
