@@ -15,6 +15,7 @@ import json
 import math
 import sys
 import threading
+import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ from services.shell.service import ServiceConfig, ServiceKit
 log = get_logger("emulator.frameworks")
 
 REFUSE_S = 5.0  # a declined agent is not offered to the framework again for this long
+RECONCILE_S = 5.0  # tasks launched before a re-subscription, unheard of since: asked this often
 PROGRESS_S = 5.0  # progress logged this often
 
 
@@ -65,7 +67,9 @@ class OfferPolicy:
     """Accepts `accept_rate` of the offers (a running credit: exactly that fraction over
     time), launching up to `tasks_per_offer` tasks of `shape` that fit, at most `max_tasks`
     in all (0: no limit; a task that ended without running, e.g. its accept voided by a
-    disconnection, is replaced); declines the rest for `refuse_s`."""
+    disconnection, is replaced); declines the rest for `refuse_s`. It remembers the tasks
+    it launched that nothing was heard of yet (`unseen`), and in which subscription
+    (`generation`): after a master failover those of earlier ones are reconciled."""
 
     def __init__(self, name: str, shape: Shape, accept_rate: float, tasks_per_offer: int,
                  max_tasks: int = 0, refuse_s: float = REFUSE_S) -> None:
@@ -77,6 +81,24 @@ class OfferPolicy:
         self._credit = 0.0
         self.launched = 0  # task ids handed out
         self.never_ran = 0  # of those, tasks that ended without running (replaced)
+        self.generation = 0  # subscriptions after the first
+        self.full = False  # offers were declined because every task is out: revive on a loss
+        self.unseen: dict[str, tuple[str, int]] = {}  # task -> (agent, generation launched)
+
+    def resubscribed(self) -> None:
+        self.generation += 1
+
+    def lost(self) -> bool:
+        """A task ended without running: it is replaced. True when offers were declined
+        (filtered for `refuse_s`) for want of room: the framework must revive them."""
+        self.never_ran += 1
+        revive, self.full = self.full, False
+        return revive
+
+    def stale(self) -> list[tuple[str, str]]:
+        """(task, agent) of the tasks launched in an earlier subscription, unheard of since:
+        their launch may have died with a master (the master answers what became of them)."""
+        return [(t, a) for t, (a, g) in sorted(self.unseen.items()) if g < self.generation]
 
     def offers(self, offers: Sequence[common_pb2.Offer]) -> list[Launch | Decline]:
         out: list[Launch | Decline] = []
@@ -87,6 +109,7 @@ class OfferPolicy:
             room = (self.max_tasks - self.launched + self.never_ran if self.max_tasks
                     else self.tasks_per_offer)
             if self._credit < 1 or room <= 0:
+                self.full = self.full or room <= 0
                 declined.append(offer.offer_id)
                 continue
             self._credit -= 1
@@ -106,6 +129,7 @@ class OfferPolicy:
     def _task(self, agent_id: str) -> common_pb2.TaskInfo:
         self.launched += 1
         task_id = f"{self.name}-{self.launched}"
+        self.unseen[task_id] = (agent_id, self.generation)
         t = common_pb2.TaskInfo(task_id=task_id, name=task_id, agent_id=agent_id)
         t.resources.extend(self.shape.resources().to_proto())
         t.command.value = "true"
@@ -120,11 +144,20 @@ class EmulatedFramework(Scheduler):
     states: Counter[str] = field(default_factory=Counter)  # latest state -> tasks
     latest: dict[str, tasks.State] = field(default_factory=dict)  # live task -> its state
     lock: threading.Lock = field(default_factory=threading.Lock)
+    clock: Any = time.monotonic
+    reconciled_at: float = -math.inf
+    subscriptions: int = 0
 
     def subscribed(self, driver: SchedulerDriver, framework_id: str,
                    master_info: MasterInfo) -> None:
         log.info("framework subscribed", name=self.policy.name, framework_id=framework_id,
                  master=master_info.master_id, epoch=master_info.epoch)
+        with self.lock:
+            self.subscriptions += 1
+            if self.subscriptions > 1:
+                self.policy.resubscribed()
+                self.reconciled_at = -math.inf
+        self._reconcile(driver)
 
     def offers(self, driver: SchedulerDriver, offers: list[common_pb2.Offer]) -> None:
         with self.lock:
@@ -136,22 +169,53 @@ class EmulatedFramework(Scheduler):
                 driver.accept([d.offer_id], [op])
             else:
                 driver.decline(list(d.offer_ids), refuse_seconds=d.refuse_s)
+        self._reconcile(driver)
+
+    def accept_rejected(self, driver: SchedulerDriver, offer_ids: list[str],
+                        task_ids: list[str], reason: int, message: str) -> None:
+        """Whether those tasks run is the master's word (the broker may have given up on a
+        launch a failed master never answered): ask it rather than launch them again."""
+        with self.lock:
+            ask = [(t, self.policy.unseen[t][0]) for t in task_ids if t in self.policy.unseen]
+        if ask:
+            driver.reconcile(ask)
+
+    def _reconcile(self, driver: SchedulerDriver) -> None:
+        """Tasks launched before the latest subscription and unheard of since, at most every
+        RECONCILE_S (the master keeps silent on a task while its agent may re-register)."""
+        now = self.clock()
+        with self.lock:
+            if now - self.reconciled_at < RECONCILE_S:
+                return
+            stale = self.policy.stale()
+            if stale:
+                self.reconciled_at = now
+        if stale:
+            log.info("reconciling", name=self.policy.name, tasks=len(stale))
+            driver.reconcile(stale)
 
     def update(self, driver: SchedulerDriver, status: common_pb2.TaskStatus) -> None:
         state = tasks.name(status.state)
+        revive = False
         with self.lock:
             old = self.latest.pop(status.task_id, None)
+            fresh = self.policy.unseen.pop(status.task_id, None) is not None
             if old is not None:
                 self.states[tasks.name(old)] -= 1
-            if tasks.is_terminal(status.state):
+            # TASK_UNKNOWN: the master's answer for a task it does not know: it is not running.
+            if tasks.is_terminal(status.state) or status.state == tasks.UNKNOWN:
+                if old is None and not fresh:
+                    return  # an end already counted, told again (reconciliation)
                 self.states["ended"] += 1
                 self.states[f"ended_{state}"] += 1
                 ran = old in (tasks.RUNNING, tasks.KILLING, tasks.UNREACHABLE)
                 if not ran and status.state != tasks.FINISHED:
-                    self.policy.never_ran += 1
+                    revive = self.policy.lost()
             else:
                 self.latest[status.task_id] = status.state
                 self.states[state] += 1
+        if revive and driver is not None:
+            driver.revive()
 
     def summary(self) -> dict[str, int]:
         with self.lock:

@@ -69,3 +69,70 @@ def test_a_task_that_never_ran_is_replaced_within_the_cap() -> None:
     assert sched.summary()["ended"] == 2
     again = sched.policy.offers([offer(3)])
     assert [[t.task_id for t in d.tasks] for d in again if isinstance(d, Launch)] == [["f-3"]]
+
+
+class Driver:
+    """Records the calls an EmulatedFramework makes (a stand-in for the SDK's driver)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, object]] = []
+
+    def accept(self, offer_ids: list[str], ops: list[common_pb2.Operation]) -> None:
+        self.calls.append(("accept", offer_ids))
+
+    def decline(self, offer_ids: list[str], refuse_seconds: float) -> None:
+        self.calls.append(("decline", offer_ids))
+
+    def reconcile(self, tasks: list[tuple[str, str]]) -> None:
+        self.calls.append(("reconcile", list(tasks)))
+
+    def revive(self) -> None:
+        self.calls.append(("revive", None))
+
+    def of(self, kind: str) -> list[object]:
+        return [arg for k, arg in self.calls if k == kind]
+
+
+def test_after_a_failover_launches_never_heard_of_are_reconciled_and_lost_ones_replaced() -> None:
+    # The bench's launch at 10k agents stalled for good: accepts that died with a master
+    # were never heard of, the framework counted them launched and declined every offer
+    # (filtered for an hour) while waiting for them.
+    from frameworks.sdk.scheduler import MasterInfo
+    from services.emulator.frameworks import RECONCILE_S, EmulatedFramework
+
+    now = [0.0]
+    sched = EmulatedFramework(OfferPolicy("f", Shape(0.5, 64), 1.0, tasks_per_offer=2,
+                                          max_tasks=4, refuse_s=3600), clock=lambda: now[0])
+    d = Driver()
+    info = MasterInfo("m1", 1, "")
+    sched.subscribed(d, "F", info)  # type: ignore[arg-type]
+    sched.offers(d, [offer(1), offer(2)])  # type: ignore[arg-type]
+    sched.update(d, common_pb2.TaskStatus(task_id="f-1", state=common_pb2.TASK_RUNNING))  # type: ignore[arg-type]
+    sched.offers(d, [offer(3)])  # type: ignore[arg-type]
+    assert d.of("decline") == [["o3"]] and not d.of("reconcile")  # full; nothing stale yet
+    sched.subscribed(d, "F", MasterInfo("m2", 2, ""))  # type: ignore[arg-type]
+    assert d.of("reconcile") == [[("f-2", "S1"), ("f-3", "S2"), ("f-4", "S2")]]
+    sched.offers(d, [offer(4)])  # type: ignore[arg-type]
+    assert len(d.of("reconcile")) == 1  # at most every RECONCILE_S
+    now[0] += RECONCILE_S
+    sched.offers(d, [offer(5)])  # type: ignore[arg-type]
+    assert len(d.of("reconcile")) == 2  # the master keeps silent while agents re-register
+    # The master's answers: f-2 runs; f-3 is unknown to it (its accept died); f-4 too.
+    for tid, state in (("f-2", common_pb2.TASK_RUNNING), ("f-3", common_pb2.TASK_UNKNOWN),
+                       ("f-4", common_pb2.TASK_UNKNOWN), ("f-4", common_pb2.TASK_UNKNOWN)):
+        sched.update(d, common_pb2.TaskStatus(task_id=tid, state=state))  # type: ignore[arg-type]
+    assert d.of("revive") == [None]  # once: its declines were filtered for an hour
+    assert sched.policy.never_ran == 2 and sched.summary()["ended"] == 2  # not 3
+    assert not sched.policy.stale() and not sched.policy.unseen
+    sched.offers(d, [offer(6, "cpus:2;mem:256")])  # type: ignore[arg-type]
+    assert d.of("accept") == [["o1"], ["o2"], ["o6"]]  # f-5 and f-6 replace f-3 and f-4
+
+
+def test_an_accept_rejected_is_reconciled_not_assumed() -> None:
+    from services.emulator.frameworks import EmulatedFramework
+
+    sched = EmulatedFramework(OfferPolicy("f", Shape(0.5, 64), 1.0, tasks_per_offer=1))
+    d = Driver()
+    sched.offers(d, [offer(1)])  # type: ignore[arg-type]
+    sched.accept_rejected(d, ["o1"], ["f-1", "nope"], 0, "launch unanswered")  # type: ignore[arg-type]
+    assert d.of("reconcile") == [[("f-1", "S1")]]
