@@ -25,6 +25,7 @@ head at once with its backoff reset; `pause()` stops forwarding while no master 
 from __future__ import annotations
 
 import heapq
+import math
 from collections import Counter, OrderedDict, deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -47,25 +48,25 @@ ACKED_MEMORY = 64  # acknowledged uuids remembered per live stream, to spot dupl
 ENDED_MEMORY = 10_000  # ended streams remembered, to spot late duplicates
 
 
-def retry_interval(sends: int, initial: float = RETRY_INITIAL_S, cap: float = RETRY_MAX_S) -> float:
-    """Wait after the `sends`-th send of the same update: 2, 4, 8, 16, 30, 30, ..."""
-    return min(initial * 2.0 ** min(max(sends - 1, 0), 64), cap)
-
-
 @dataclass
 class RetryTimer:
     """One agent's retry timeout for status updates, RFC 6298's retransmission timeout over
     the acknowledgement round trip: the smoothed round trip plus four times its variation,
-    at least `initial`, doubling per resend up to `cap`. A master (and framework) that
-    acknowledges in 5 s under load is then not sent each update 3-4 times, which loads it
-    further (bench.scale at 10,000 agents: 6-8 sends per update at a fixed 2 s). Karn's rule:
-    only an update sent once gives a sample (an ack of a resent one is ambiguous)."""
+    at least `initial`, doubling per resend of an update up to `cap`. A master (and
+    framework) that acknowledges in 5 s under load is then not sent each update 3-4 times,
+    which loads it further (bench.scale at 10,000 agents: 6-8 sends per update at a fixed
+    2 s). Karn's rule: only an update sent once gives a sample (the ack of a resent one is
+    ambiguous); and, as TCP, a timeout that fires backs the timeout off (doubles it, once
+    per timeout period) until a sample comes: otherwise a round trip always longer than
+    the timeout would never be learnt."""
 
     initial: float = RETRY_INITIAL_S
     cap: float = RETRY_MAX_S
     srtt: float | None = None
     rttvar: float = 0.0
     samples: int = 0
+    rto: float = 0.0  # the current timeout (0: `initial`)
+    held_until: float = -math.inf  # one back-off per timeout period
 
     def sample(self, rtt: float) -> None:
         if rtt < 0.0 or rtt != rtt:
@@ -76,17 +77,24 @@ class RetryTimer:
         else:
             self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - rtt)
             self.srtt = 0.875 * self.srtt + 0.125 * rtt
+        self.rto = min(max(self.initial, self.srtt + 4.0 * self.rttvar), self.cap)
+        self.held_until = -math.inf
+
+    def expired(self, now: float) -> None:
+        """A resend is due: the timeout was too short (or the update was lost)."""
+        if now >= self.held_until:
+            self.rto = min(self.timeout * 2.0, max(self.cap, self.initial))
+            self.held_until = now + self.rto
 
     @property
     def timeout(self) -> float:
         """The wait after a first send."""
-        if self.srtt is None:
-            return min(self.initial, self.cap)
-        return min(max(self.initial, self.srtt + 4.0 * self.rttvar), self.cap)
+        return self.rto or min(self.initial, self.cap)
 
-    def interval(self, sends: int) -> float:
-        """The wait after the `sends`-th send of the same update."""
-        return retry_interval(sends, self.timeout, self.cap)
+    def wait(self, sends: int, last: float) -> float:
+        """The wait after the `sends`-th send of an update whose previous wait was `last`:
+        the timeout after a first send, then doubling (up to `cap`)."""
+        return self.timeout if sends <= 1 else min(last * 2.0, max(self.cap, self.initial))
 
 
 # -- checkpoint records ---------------------------------------------------------------------
@@ -197,6 +205,7 @@ class _Stream:
     gate: bytes | None = None
     sends: int = 0  # times the current head was forwarded
     sent_at: float | None = None  # when the head was first forwarded (an RTT sample's start)
+    wait: float = 0.0  # the head's current wait between sends
     due: float | None = None  # when the head is (re)sent; None: nothing sendable
     token: int = -1  # heap entry that is current for this stream
 
@@ -329,9 +338,11 @@ class StatusUpdateManager:
             stream.sends += 1
             if stream.sends > 1:
                 self.counts["retries"] += 1
+                self.retry.expired(now)
             else:
                 stream.sent_at = now
-            self._schedule(stream, now + self.retry.interval(stream.sends))
+            stream.wait = self.retry.wait(stream.sends, stream.wait)
+            self._schedule(stream, now + stream.wait)
         self.counts["forwarded"] += len(batch)
         if len(heap) > 2 * len(self.streams) + 64:
             self._rebuild_heap()
@@ -369,8 +380,10 @@ class StatusUpdateManager:
         self.paused = True
 
     def master_changed(self, now: float) -> list[Output]:
-        """(Re-)registered with a master: resend every head now, backoff reset."""
+        """(Re-)registered with a master: resend every head now, backoff reset (and what
+        was learnt of the round trip: it was another master's)."""
         self.paused = False
+        self.retry = RetryTimer(self.retry.initial, self.retry.cap)
         for stream in self.streams.values():
             stream.sends, stream.sent_at = 0, None
             stream.due = None

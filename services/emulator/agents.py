@@ -55,6 +55,7 @@ class VTask:
     pending: deque[TaskStatus] = field(default_factory=deque)  # head sent, unacknowledged
     sends: int = 0  # sends of the head
     sent_at: float | None = None  # the head's first send (a round-trip sample's start)
+    wait: float = 0.0  # the head's current wait between sends
     retry_at: float | None = None
     reported: bool = True  # False: an update stream only (unknown task), not re-registered
 
@@ -249,6 +250,7 @@ class AgentsCore:
         self._set(a, Reg.REGISTERED)
         a.register_at, a.attempts = None, 0
         self._registering.discard(a.name)
+        a.retry = RetryTimer(initial=a.retry.initial)  # another master's round trip
         for t in a.tasks.values():  # every head at once, backoff reset
             if t.pending:
                 t.sends, t.sent_at, t.retry_at = 0, None, None
@@ -411,7 +413,8 @@ class AgentsCore:
                 t.sends += 1
                 if t.sends == 1:
                     t.sent_at = now
-                t.retry_at = now + a.retry.interval(t.sends)
+                t.wait = a.retry.wait(t.sends, t.wait)
+                t.retry_at = now + t.wait
                 self._schedule(t.retry_at, "retry", name, key)
             if batch:
                 self.counts["updates_sent"] += len(batch)
@@ -450,6 +453,7 @@ class AgentsCore:
                 self._finish(a, key, now)
             else:
                 self.counts["update_retries"] += 1
+                a.retry.expired(now)
                 a.ready.add(key)
                 self._dirty.add(name)
         return out + self._flush(now)

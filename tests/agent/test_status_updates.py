@@ -112,7 +112,11 @@ def test_retry_schedule_doubles_to_cap() -> None:
     gaps = [b - a for a, b in itertools.pairwise(times)]
     assert gaps == [0.5, 1, 2, 4, 8, 16, 30, 30, 30, 30, 30]
     assert sh.mgr.counts["retries"] == 11
-    assert [su.retry_interval(n) for n in (1, 2, 4, 5, 10_000)] == [2, 4, 16, 30, 30]
+    timer = su.RetryTimer()
+    waits = [timer.timeout]
+    for n in range(2, 7):
+        waits.append(timer.wait(n, waits[-1]))
+    assert waits == [2, 4, 8, 16, 30, 30]
     assert su.StatusUpdateManager().retry.timeout == su.RETRY_INITIAL_S == 2.0
 
 
@@ -141,18 +145,45 @@ def test_fast_acknowledgements_keep_the_floor_and_resent_ones_give_no_sample() -
     assert sh.mgr.retry.samples == 20 and sh.mgr.retry.timeout == FAST
     sh.add("late", tasks.RUNNING, b"x")
     sh.tick(100.0)
-    sh.tick(100.0 + FAST)  # resent once
+    sh.tick(100.0 + FAST)  # resent once: the timeout backs off, for later updates too
+    assert sh.mgr.retry.timeout == 2 * FAST
     sh.ack("late", b"x", now=130.0)  # which send does this answer? Karn: no sample
-    assert sh.mgr.retry.samples == 20 and sh.mgr.retry.timeout == FAST
+    assert sh.mgr.retry.samples == 20 and sh.mgr.retry.timeout == 2 * FAST
     sh.ack("gone", b"y", now=140.0)  # stale: nothing learned
     assert sh.mgr.retry.samples == 20
+    sh.add("next", tasks.RUNNING, b"n")
+    assert sh.tick(150.0) == [("next", b"n")]
+    assert sh.mgr.next_deadline() == 150.0 + 2 * FAST
+    sh.ack("next", b"n", now=150.1)  # a clean sample ends the back-off
+    assert sh.mgr.retry.timeout == FAST
+
+
+def test_a_timeout_always_too_short_is_backed_off_until_acks_come_in_time() -> None:
+    # Every ack takes 3 s, longer than the first timeout: without backing off, each update
+    # is resent, no ack ever gives a sample (Karn), and the timeout never grows.
+    sh = started()
+    t, sends = 0.0, 0
+    for i in range(12):
+        sh.add(f"t{i}", tasks.RUNNING, b"u%d" % i)
+        sent_at = t
+        while t < sent_at + 3.0:  # the master acknowledges 3 s after the first send
+            deadline = sh.mgr.next_deadline()
+            assert deadline is not None
+            t = min(max(deadline, t), sent_at + 3.0)
+            sends += len(sh.tick(t))
+        sh.ack(f"t{i}", b"u%d" % i, now=t)
+    assert sh.mgr.retry.samples > 0 and sh.mgr.retry.timeout > 3.0
+    assert sends < 12 * 2  # about one send each once the timeout has grown
 
 
 def test_retry_timer_caps_and_ignores_nonsense() -> None:
     timer = su.RetryTimer(initial=2.0, cap=30.0)
-    assert [timer.interval(n) for n in (1, 2, 3)] == [2.0, 4.0, 8.0]
+    assert [timer.timeout, timer.wait(2, 2.0), timer.wait(3, 4.0)] == [2.0, 4.0, 8.0]
+    for now in (0.0, 0.1, 4.0, 12.0, 28.0, 100.0):  # once per period, up to the cap
+        timer.expired(now)
+    assert timer.timeout == 30.0
     timer.sample(100.0)
-    assert timer.timeout == 30.0 and timer.interval(3) == 30.0
+    assert timer.timeout == 30.0 and timer.wait(3, 30.0) == 30.0
     for bad in (-1.0, float("nan")):
         timer.sample(bad)
     assert timer.samples == 1
