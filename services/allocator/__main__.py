@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from services.allocator.core import DEFAULT_REVOCATION_GRACE_S
+from services.allocator.fanout import DEFAULT_MAX_OFFERS_PER_FRAMEWORK
 from services.allocator.shell import AllocatorConfig, AllocatorShell
 from services.shell.config import Option, common_fields
 from services.shell.process import main as run_service
@@ -20,6 +21,9 @@ OPTIONS = (
     Option("revocation_grace", float, DEFAULT_REVOCATION_GRACE_S,
            "seconds a framework above its fair share has to give tasks back before the "
            "master kills them; negative turns revocation off", minimum=-1.0, maximum=3600.0),
+    Option("max_offers_per_framework", int, DEFAULT_MAX_OFFERS_PER_FRAMEWORK,
+           "agents one framework holds offers on at a time (more once it answers some); "
+           "0 = no bound", minimum=0),
 )
 
 
@@ -28,6 +32,7 @@ def build(v: dict[str, Any]) -> AllocatorShell:
         allocator_id=v["id"], election_url=v["cluster"], interval=v["interval"],
         batch=v["batch"],
         revocation_grace=None if v["revocation_grace"] < 0 else v["revocation_grace"],
+        max_offers_per_framework=v["max_offers_per_framework"],
         **common_fields(v)))
 
 

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 
 from services.allocator.cycle import visit
 from services.allocator.decide import decide
+from services.allocator.fanout import DEFAULT_MAX_OFFERS_PER_FRAMEWORK, Fanout
 from services.allocator.fill import Shape, add_into, next_unit
 from services.allocator.filters import DeclineFilters
 from services.allocator.invariants import check
@@ -79,7 +80,8 @@ class AllocatorCore:
     def __init__(self, sorter: Sorter | None = None, id_prefix: str = "",
                  min_cpus: float = MIN_CPUS, min_mem: float = MIN_MEM,
                  incremental: bool = True,
-                 revocation_grace_s: float | None = DEFAULT_REVOCATION_GRACE_S) -> None:
+                 revocation_grace_s: float | None = DEFAULT_REVOCATION_GRACE_S,
+                 max_offers_per_framework: int = DEFAULT_MAX_OFFERS_PER_FRAMEWORK) -> None:
         self.sorter: Sorter = sorter if sorter is not None else DRFSorter()
         self.id_prefix = id_prefix
         self.incremental = incremental
@@ -96,6 +98,7 @@ class AllocatorCore:
         self._demanding: set[str] | None = None
         self._declared = 0  # frameworks that declared demand (none: the cycle is Mesos's)
         self.filters = DeclineFilters()
+        self.fanout = Fanout(max_offers_per_framework)  # offers outstanding per framework
         self.decisions: dict[str, Decision] = {}  # the standing one per framework
         self.cycle = 0
         self._agent_seq = 0
@@ -163,8 +166,8 @@ class AllocatorCore:
                 add_into(fw.offered, agent.offered.get(framework_id, NOTHING), -1)
             fw.agents.discard(agent_id)
             self._touched.add(framework_id)
-            if fw.demands:  # it holds less: an idle agent may now fit its next task
-                self._fresh.add(framework_id)
+            if self.fanout.forget(framework_id, agent_id) or fw.demands:  # it holds less:
+                self._fresh.add(framework_id)  # an idle agent may now fit its next task
             self._room_grew(fw.role)
         self.filters.drop_agent(agent_id)
         self.sorter.remove_total(agent.total)
@@ -197,6 +200,7 @@ class AllocatorCore:
                     agent.free += held
             self._dirty.add(agent_id)
         self.filters.drop_framework(framework_id)
+        self.fanout.drop(framework_id)
         self.sorter.remove(framework_id)
         self._declared -= 1 if fw.demands else 0
         del self.frameworks[framework_id]
@@ -299,6 +303,8 @@ class AllocatorCore:
                 f"agent {agent_id}: framework {framework_id} uses {resources} but only "
                 f"{agent.free} is free and {offered} offered to it")
         _set(agent.offered, framework_id, offered - from_offer)
+        if self.fanout.note(framework_id, agent):  # the offer answered: it may have more
+            self._fresh.add(framework_id)
         if fw.demands:
             add_into(fw.offered, from_offer, -1)
         agent.used[framework_id] = agent.used.get(framework_id, NOTHING) + resources
@@ -468,7 +474,8 @@ class AllocatorCore:
             left = {k: t for k, t in self._revoking.items() if t > now}
             expired += [k[0] for k in self._revoking.keys() - left.keys()]
             self._revoking = left
-        newcomers = [f for f in fresh if not fws[f].demands and f not in got]
+        newcomers = [f for f in fresh if not fws[f].demands and f not in got
+                     and not self.fanout.at_bound(f)]
         wanting = [f for f in self._wanting if f not in self._reclaiming]
         if not (wanting or newcomers) or not (visited or touched or expired):
             return Plan()
@@ -515,8 +522,8 @@ class AllocatorCore:
         self.sorter.unallocated(fid, resources)
         self._dirty.add(agent.agent_id)
         self._touched.add(fid)
-        if fw.demands:  # it holds less: an idle agent may now fit its next task
-            self._fresh.add(fid)
+        if (held is agent.offered and self.fanout.note(fid, agent)) or fw.demands:
+            self._fresh.add(fid)  # it holds less: an idle agent may now fit its next task
         if self.quotas.limited:
             self._room_grew(fw.role)
 

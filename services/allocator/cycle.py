@@ -36,9 +36,13 @@ def visit(core: AllocatorCore, fresh: set[str], notes: dict[str, Notes],
     # Beyond this (weighted) share a framework's allocation is revocable: its share were one
     # more framework of weight 1 to arrive ("guaranteed allocation", Mesos paper).
     guaranteed = 1 / (1 + sum(core.weights.get(fws[fid].role, 1.0) for _, fid in order))
+    fanout = core.fanout
     for agent_id in ids:
         agent = agents[agent_id]
         lists = (order, fresh_order) if agent_id in dirty else (fresh_order, order)
+        if lists[0] is fresh_order and fanout.bound and fanout.all_held_back(
+                (f for _, f in fresh_order), agent):
+            continue  # idle, and every framework it is visited for waits at its bound
         free = agent.free
         beyond: dict[str, Resources] = {}
         for fid, (offer, before) in _fill(core, agent, lists, fresh, notes, now,
@@ -90,7 +94,8 @@ def _fill(core: AllocatorCore, agent: Agent, lists: tuple[Order, Order], fresh: 
     `revocable[1]`."""
     cands, other = lists
     guaranteed, beyond = revocable
-    fws, sorter, allocatable = core.frameworks, core.sorter, core._allocatable
+    fws, sorter, allocatable, fanout = (core.frameworks, core.sorter, core._allocatable,
+                                        core.fanout)
     flts_by_fw = core.filters.on(agent.agent_id)
     done: set[str] = set()  # finished on this agent: took the rest, refused, met, unfit
     stale = False  # a hierarchical role's share grew: keys to refresh
@@ -121,8 +126,12 @@ def _fill(core: AllocatorCore, agent: Agent, lists: tuple[Order, Order], fresh: 
         take: Resources | None = offer
         whole = True
         j: int | None = None
-        if not fits:
+        if fits and fanout.bound and fanout.holds_back(fid, agent):  # offers unanswered
+            note.held_back += 1
+            fits = False
+        elif not fits:
             note.no_fit += 1
+        if not fits:
             if pos == i:
                 i += 1
             else:
@@ -213,7 +222,7 @@ def _next_declared(core: AllocatorCore, cands: Order, i: int, done: set[str], ag
             continue
         fw = core.frameworks[fid]
         offer = usable(agent.free, fw.role)
-        if not core._allocatable(offer):
+        if not core._allocatable(offer) or core.fanout.full(fid, agent):
             continue
         if fw.demands:
             unit = next_unit(fw.demands, core.demand_held(fid, agent))
@@ -240,6 +249,7 @@ def _hold(core: AllocatorCore, agent: Agent, fw: Framework, take: Resources) -> 
         add_into(fw.offered, take)
     agent.free = NOTHING if take is agent.free else agent.free - take
     fw.agents.add(agent.agent_id)
+    core.fanout.note(fid, agent)
     core.sorter.allocated(fid, take)
 
 def _resort(core: AllocatorCore, fid: str, cands: Order, other: Order, fresh: set[str],

@@ -63,6 +63,8 @@ def decide(core: AllocatorCore, fw: Framework, note: Notes | None, any_offered: 
             if note.reserved_agents:
                 reason += (f"; on {note.reserved_agents} agent(s) resources reserved for "
                            f"other roles were skipped")
+            if note.held_back:
+                reason += f"; {note.held_back} more agent(s) wait {held_back(core, fw)}"
         elif fw.demands and next_unit(fw.demands, core.sorter.allocation(fw.framework_id)) is None:
             outcome = Outcome.DEMAND_MET
             reason = (f"holds all it declared ({'; '.join(map(str, fw.demands))}); a new "
@@ -72,6 +74,9 @@ def decide(core: AllocatorCore, fw: Framework, note: Notes | None, any_offered: 
             reason = (f"its role {fw.role} is at its quota limit ({_limits(core, fw.role)}): "
                       f"what its frameworks hold (offered and used) leaves "
                       f"{'no room for its next declared task' if fw.demands else 'nothing'}")
+        elif fw.framework_id in core.fanout.held_back:
+            outcome = Outcome.FAIR_SHARE
+            reason = f"not offered more agents {held_back(core, fw)}"
         elif note.quota == "guarantee":
             outcome = Outcome.FAIR_SHARE
             short = shortfalls(core, core._demanding or set(), fw.role)
@@ -107,6 +112,13 @@ def decide(core: AllocatorCore, fw: Framework, note: Notes | None, any_offered: 
     return Decision(fw.framework_id, fw.role, outcome, reason, share.dominant_share,
                     share.dominant_resource, share.weight, share.shares, ids, filtered,
                     core.cycle, now)
+
+
+def held_back(core: AllocatorCore, fw: Framework) -> str:
+    """Why a framework at its bound of outstanding offers is offered no more (fanout.py)."""
+    return (f"until it answers some of the offers it holds on "
+            f"{len(core.fanout.on.get(fw.framework_id, ()))} agent(s) "
+            f"(max_offers_per_framework {core.fanout.bound})")
 
 
 def idle_filtered(core: AllocatorCore, fw: Framework) -> list[tuple[str, float]]:

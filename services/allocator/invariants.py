@@ -49,13 +49,15 @@ def check(core: AllocatorCore) -> None:
         assert fw.offered == (scalar_vector(offered) if fw.demands else {}), fid
     assert core._declared == sum(1 for fw in core.frameworks.values() if fw.demands)
     core.filters.validate(core.agents, core.frameworks)
+    core.fanout.validate(core.agents, core.frameworks)
     core.sorter.validate()
     _incremental(core)
 
 def _incremental(core: AllocatorCore) -> None:
     """What makes skipping agents sound: an agent with allocatable free resources is
     dirty or idle, and an idle one is refused by every eligible framework that is not
-    fresh (a filter in the table, expired or not, or nothing of its role)."""
+    fresh (a filter in the table, expired or not, nothing of its role, or its bound of
+    outstanding offers reached, remembered as held back)."""
     assert core._dirty <= core.agents.keys() and core._idle <= core.agents.keys()
     assert core._fresh <= core.frameworks.keys()
     assert core._touched <= core.frameworks.keys()
@@ -77,6 +79,8 @@ def _incremental(core: AllocatorCore) -> None:
             if core.quotas.limited and core._allocatable(offer):
                 offer = apply(core, fw, offer, None)[0] or NOTHING
             flts = core.filters.on(agent_id).get(fid, ())
+            if fid in core.fanout.held_back and core.fanout.full(fid, agent):
+                continue  # made fresh once it answers some of its offers
             assert not core._allocatable(offer) or any(
                 f.refuses(offer, -math.inf) for f in flts
             ), f"idle {agent_id} would be offered to {fid}"

@@ -231,3 +231,4 @@ class Notes:
     revocable: int = 0  # revocable allocations (beyond its guaranteed share)
     split: int = 0  # agents offered in two allocations, guaranteed and revocable
     quota: str = ""  # what of its role's quota cut or refused an offer: limit, guarantee
+    held_back: int = 0  # agents not offered: it holds its bound of offers unanswered (fanout.py)

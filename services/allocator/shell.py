@@ -26,6 +26,7 @@ from services.allocator.core import (
     Decision,
     Outcome,
 )
+from services.allocator.fanout import DEFAULT_MAX_OFFERS_PER_FRAMEWORK
 from services.allocator.feed import StreamFeed, norm
 from services.allocator.roles import roles_view
 from services.bus import codec
@@ -62,6 +63,7 @@ class AllocatorConfig(ServiceConfig):
     batch: float = 0.05  # events within this window share one allocation cycle
     # Revocation's grace (core.DEFAULT_REVOCATION_GRACE_S); None: no revocation.
     revocation_grace: float | None = DEFAULT_REVOCATION_GRACE_S
+    max_offers_per_framework: int = DEFAULT_MAX_OFFERS_PER_FRAMEWORK  # 0: no bound (fanout.py)
 
 
 class AllocatorShell(ServiceKit):
@@ -104,7 +106,8 @@ class AllocatorShell(ServiceKit):
     def _lead(self, epoch: int) -> None:
         """Start afresh: an empty core, rebuilt from the state stream (DESIGN §4)."""
         self.core = AllocatorCore(id_prefix=f"a{epoch}-",
-                                  revocation_grace_s=self.config.revocation_grace)
+                                  revocation_grace_s=self.config.revocation_grace,
+                                  max_offers_per_framework=self.config.max_offers_per_framework)
         self.feed = StreamFeed(self.core)
         self.decisions = {}
         self.subscriber = StateSubscriber(

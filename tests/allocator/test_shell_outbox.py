@@ -75,7 +75,7 @@ def shell_with(core: AllocatorCore) -> tuple[AllocatorShell, FakeDealer, FakeRea
 
 
 def cluster(agents: int, frameworks: int) -> AllocatorCore:
-    core = AllocatorCore(id_prefix="a1-")
+    core = AllocatorCore(id_prefix="a1-", max_offers_per_framework=0)  # every agent at once
     for i in range(agents):
         core.agent_added(f"agent-{i:05}", f"host-{i:05}", AGENT)
     for j in range(frameworks):
