@@ -271,9 +271,10 @@ class Run:
         offers: list[float] = []
         declared: list[float] = []
         with self.phase("subscribe_to_running"):
-            for i in range(SUBSCRIBE_TRIALS):  # the two kinds take turns
-                self._one_task(i, samples, offers, declare=i % 2 == 1)
-                self._one_task(i, declared, [], declare=i % 2 == 0)
+            for i in range(SUBSCRIBE_TRIALS):  # the two kinds take turns going first
+                for declare in ((False, True) if i % 2 == 0 else (True, False)):
+                    self._one_task(i, declared if declare else samples,
+                                   [] if declare else offers, declare)
         self.row["subscribe_to_running_s"] = sorted(samples)
         self.row["subscribe_to_offer_s"] = sorted(offers)
         self.row["subscribe_to_running_declared_s"] = sorted(declared)
@@ -568,7 +569,7 @@ def report(rows: list[dict[str, Any]], config: dict[str, Any]) -> None:
             bsub = bsubs[len(bsubs) // 2]
             ratios = (f"{r['registration_s'] / base['registration_s']:.1f}x "
                       f"{sub / bsub:.1f}x {r['launch_rate'] / base['launch_rate']:.2f}x "
-                      f"{r['failover_s'] / base['failover_s']:.1f}x")
+                      f"{r['failover_s'] / base.get('failover_s', math.nan):.1f}x")
         print(f"{r['agents']:>7} {r['tasks']:>7} {r['registration_s']:>8.2f}s "
               f"{r['agents'] / r['registration_s']:>9.0f} {sub:>8.3f}s {declared:>8.3f}s "
               f"{r['launch_rate']:>8.0f} {r['failover_s']:>8.2f}s {ratios:>36}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,3 +29,38 @@ def test_bench_scale_refuses_a_missing_sampler_before_starting_a_cluster() -> No
     out = subprocess.run([sys.executable, "-m", "bench.scale", "--spy", "/nonexistent/py-spy"],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "no py-spy" in out.stderr and "cluster up" not in out.stdout
+
+
+def test_scale_trials_of_each_kind_are_reported_as_that_kind(monkeypatch: Any) -> None:
+    # The two kinds take turns going first; a trial's figure must land in its own column
+    # (the plain column held a declared-demand trial, and the other way round).
+    from bench import scale
+
+    run = scale.Run.__new__(scale.Run)
+    run.row = {"cpu_s": {}}
+    monkeypatch.setattr(scale.Run, "pids", lambda self: {})
+    kinds: list[bool] = []
+
+    def one_task(self: Any, i: int, samples: list[float], offers: list[float],
+                 declare: bool = False) -> None:
+        kinds.append(declare)
+        samples.append(2.0 if declare else 1.0)
+        if not declare:
+            offers.append(0.5)
+
+    monkeypatch.setattr(scale.Run, "_one_task", one_task)
+    run.subscribe_to_running()
+    assert kinds == [False, True, True, False, False, True]
+    assert run.row["subscribe_to_running_s"] == [1.0] * scale.SUBSCRIBE_TRIALS
+    assert run.row["subscribe_to_running_declared_s"] == [2.0] * scale.SUBSCRIBE_TRIALS
+
+
+def test_scale_report_without_failover_with_the_smallest_size_last(monkeypatch: Any) -> None:
+    from bench import scale
+
+    written: list[Any] = []
+    monkeypatch.setattr(scale, "write", lambda name, doc: written.append(doc) or "x.json")
+    rows = [{"agents": n, "tasks": n, "registration_s": 1.0, "launch_rate": 100.0,
+             "subscribe_to_running_s": [0.3], "cpu_s": {}} for n in (10_000, 1000)]
+    scale.report(rows, {"seconds_total": 1.0})
+    assert written and [r["agents"] for r in written[0]["rows"]] == [10_000, 1000]
