@@ -118,7 +118,7 @@ def held_back(core: AllocatorCore, fw: Framework) -> str:
     """Why a framework at its bound of outstanding offers is offered no more (fanout.py)."""
     return (f"until it answers some of the offers it holds on "
             f"{len(core.fanout.on.get(fw.framework_id, ()))} agent(s) "
-            f"(max_offers_per_framework {core.fanout.bound})")
+            f"(max_offers_per_framework {core.fanout.limit(fw.framework_id)})")
 
 
 def idle_filtered(core: AllocatorCore, fw: Framework) -> list[tuple[str, float]]:

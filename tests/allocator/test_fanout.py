@@ -182,3 +182,21 @@ def test_the_allocator_option_sets_the_bound_and_refuses_a_negative_one() -> Non
         "OFFERBUS_ALLOCATOR_MAX_OFFERS_PER_FRAMEWORK": "250"})["max_offers_per_framework"] == 250
     with pytest.raises(ConfigError):
         load("allocator", options, [*base, "--max-offers-per-framework", "-1"], environ={})
+
+
+def test_a_new_framework_gets_a_first_page_then_the_full_bound_once_it_answers() -> None:
+    # Slow start: a framework that answered nothing yet is offered FIRST_PAGE agents, so
+    # its first offers cost a cycle of that many agents, not of the whole bound.
+    from services.allocator.fanout import FIRST_PAGE
+
+    core = cluster(FIRST_PAGE * 3, 1, bound=FIRST_PAGE * 2)
+    first = core.allocate(0.0)
+    assert len(first.allocations) == FIRST_PAGE
+    assert not core.allocate(0.5).allocations  # nothing answered yet
+    one = first.allocations[0]
+    core.resources_used(one.agent_id, "f0", one.resources)  # its first answer: a launch
+    core.validate()
+    second = core.allocate(1.0)
+    assert len(second.allocations) == FIRST_PAGE + 1  # up to the full bound
+    assert len(offered(core, "f0")) == FIRST_PAGE * 2
+    core.validate()
