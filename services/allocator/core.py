@@ -295,13 +295,19 @@ class AllocatorCore:
         the rest, e.g. tasks found after an allocator failover, is taken from free."""
         agent, fw = self._agent(agent_id), self._framework(framework_id)
         _check_resources(resources, f"task resources on {agent_id}")
-        offered = self._labels_for_use(agent, framework_id, resources)
-        from_offer = overlap(offered, resources)
-        from_free = resources - from_offer
-        if not agent.free.contains(from_free):
-            raise AllocatorError(
-                f"agent {agent_id}: framework {framework_id} uses {resources} but only "
-                f"{agent.free} is free and {offered} offered to it")
+        offered = agent.offered.get(framework_id, NOTHING)
+        if offered and offered.contains(resources):
+            # A task launched from its offer (the usual case): all of it comes from the
+            # offer, the overlap of the two (no label to swap, nothing from free).
+            from_offer, from_free = resources, NOTHING
+        else:
+            offered = self._labels_for_use(agent, framework_id, resources)
+            from_offer = overlap(offered, resources)
+            from_free = resources - from_offer
+            if not agent.free.contains(from_free):
+                raise AllocatorError(
+                    f"agent {agent_id}: framework {framework_id} uses {resources} but only "
+                    f"{agent.free} is free and {offered} offered to it")
         _set(agent.offered, framework_id, offered - from_offer)
         if self.fanout.note(framework_id, agent):  # the offer answered: it may have more
             self._fresh.add(framework_id)
@@ -353,10 +359,11 @@ class AllocatorCore:
         if agent is None or fw is None:
             return False
         offered = agent.offered.get(framework_id, NOTHING)
-        resources = as_held(offered, resources, fw.role)  # relabelled by a (un)reservation
-        if not offered.contains(resources):
-            raise AllocatorError(f"agent {agent_id}: framework {framework_id} returns "
-                                 f"{resources} but was offered {offered}")
+        if not offered.contains(resources):  # (else as_held would give them back as they are)
+            resources = as_held(offered, resources, fw.role)  # relabelled by a (un)reservation
+            if not offered.contains(resources):
+                raise AllocatorError(f"agent {agent_id}: framework {framework_id} returns "
+                                     f"{resources} but was offered {offered}")
         self._give_back(agent, fw, agent.offered, resources)
         seconds = _refuse_seconds(refuse_seconds)
         if seconds > 0 and resources:

@@ -3,7 +3,8 @@ events, by diffing what the stream says against what the core was told. No socke
 
 A delta and a snapshot reset are handled alike: the feed keeps the stream's desired view and
 what it applied to the core, and reconciles the keys that changed. So a reset (new master,
-resync) never rebuilds the core: offers outstanding at the broker stay counted.
+resync) never rebuilds the core: offers outstanding at the broker stay counted; and an entry
+the same as the one last taken in for its key (all it says applied) is not even decoded.
 
 - agents: REGISTERED ones are in the core; UNREACHABLE, GONE, DRAINING and deleted ones are
   removed (their offers and tasks' usage vanish; tasks are replayed if the agent returns).
@@ -96,6 +97,7 @@ def _amounts(items: Iterable[common_pb2.Resource]) -> Amounts:
 
 
 NO_ROLE = RoleView()
+KINDS = frozenset({"agents", "frameworks", "tasks", "roles"})  # what the feed reads
 
 
 class StreamFeed:
@@ -106,6 +108,11 @@ class StreamFeed:
         self.roles: dict[str, RoleView] = {}  # roles with a weight or quota, as the stream says
         self.tasks: dict[str, TaskUse] = {}  # key -> usage of non-terminal tasks
         self.applied: dict[str, TaskUse] = {}  # what the core holds as used
+        # The applied keys by agent and by framework: an agent or framework removed (a
+        # master's snapshot taken before its agents re-registered removes thousands) finds
+        # its tasks without scanning every applied one.
+        self._on_agent: dict[str, set[str]] = {}
+        self._of_framework: dict[str, set[str]] = {}
         self.waiting: set[str] = set()  # task keys not (yet) applied
         # Why each waits: for its agent or framework to appear on the stream (indexed by
         # "agents/<id>" / "frameworks/<id>", retried when that entry comes), or for room on
@@ -117,6 +124,13 @@ class StreamFeed:
         self._short: set[str] = set()
         self._reported: set[str] = set()  # waiting keys whose failure was reported
         self.notices: list[Notice] = []  # for the shell to log and count; it drains them
+        # The entry last taken in per key, while what it says is all applied (a task
+        # counted, or ended; an agent, framework or role as it says): the same entry again
+        # -- a new master re-announces 100,000 tasks it already had -- is not decoded nor
+        # diffed. A key leaves when its entry is refused or waits (it is tried again), and
+        # when it leaves the stream. The entries are the subscriber's store's own.
+        self._seen: dict[str, bus_pb2.StateEntry] = {}
+        self._refused: set[str] = set()  # keys refused in this apply (not settled)
 
     # -- input -----------------------------------------------------------------------------
     def reset(self, store: Mapping[str, bus_pb2.StateEntry]) -> None:
@@ -125,6 +139,8 @@ class StreamFeed:
                  *(f"frameworks/{f}" for f in self.frameworks),
                  *(f"roles/{r}" for r in self.roles), *self.tasks}
         gone = [bus_pb2.StateEntry(key=k, deleted=True) for k in known - store.keys()]
+        for k in self._seen.keys() - store.keys():
+            del self._seen[k]
         self.apply([*store.values(), *gone])
 
     def apply(self, entries: Iterable[bus_pb2.StateEntry]) -> bool:
@@ -133,9 +149,20 @@ class StreamFeed:
         frameworks: dict[str, FrameworkView | None] = {}
         touched_tasks: set[str] = set()
         changed = False
+        seen = self._seen
+        taken: dict[str, bus_pb2.StateEntry | None] = {}  # key -> its last entry decoded
+        self._refused = set()
         for e in entries:
-            kind, _, name = e.key.partition("/")
+            key = e.key
+            prev = seen.get(key)
+            if prev is not None and key not in taken and (prev is e or prev == e):
+                seen[key] = e  # the same record, newer message (the old one can go)
+                continue
+            kind, _, name = key.partition("/")
+            if kind not in KINDS:
+                continue
             value = None if e.deleted else e.value
+            taken[key] = None if value is None else e
             if kind == "agents":
                 agents[name] = _agent(value)
             elif kind == "frameworks":
@@ -177,6 +204,12 @@ class StreamFeed:
             if fview is not None:
                 due |= self._waiting_on.pop(f"frameworks/{fid}", set())
         changed |= self._reconcile_tasks(due)
+        refused, waiting = self._refused, self.waiting
+        for key, entry in taken.items():
+            if entry is None or key in refused or key in waiting:
+                seen.pop(key, None)
+            else:
+                seen[key] = entry
         return changed
 
     def retry(self) -> bool:
@@ -186,6 +219,7 @@ class StreamFeed:
     def _wait(self, key: str, want: TaskUse) -> None:
         """`key` waits for its agent or framework to appear (one of them is absent)."""
         self._unwait(key)
+        self._seen.pop(key, None)
         on = (f"agents/{want.agent_id}" if want.agent_id not in self.agents
               else f"frameworks/{want.framework_id}")
         self.waiting.add(key)
@@ -215,6 +249,7 @@ class StreamFeed:
                 self.core.agent_total_changed(agent_id, view.total)
             except AllocatorError as exc:  # it shrank under what is allocated: keep the old
                 self.notices.append(Notice.of("agent_update_refused", f"{exc}", "warning"))
+                self._refused.add(f"agents/{agent_id}")
                 view = AgentView(view.hostname, old.total, view.attributes)
         # (hostname and attributes are read by the broker, not the allocation policy)
         self.agents[agent_id] = view
@@ -231,6 +266,7 @@ class StreamFeed:
         if old is None:
             if not view.role:
                 self.notices.append(Notice.of("framework_ignored", f"{fid} has no role", "warning"))
+                self._refused.add(f"frameworks/{fid}")
                 return False
             self.core.framework_added(fid, view.role, view.connected, view.suppressed_roles)
         else:
@@ -263,6 +299,7 @@ class StreamFeed:
                 self.core.set_quota(role, dict(view.guarantee), dict(view.limit))
         except AllocatorError as exc:
             self.notices.append(Notice.of("role_refused", f"{role}: {exc}", "warning"))
+            self._refused.add(f"roles/{role}")
             return False
         if view == NO_ROLE:
             self.roles.pop(role, None)
@@ -273,11 +310,25 @@ class StreamFeed:
     # -- tasks ---------------------------------------------------------------------------
     def _forget_tasks(self, agent_id: str = "", framework_id: str = "") -> None:
         """The core dropped these tasks' usage with their agent or framework."""
-        for key, use in list(self.applied.items()):
-            if use.agent_id == agent_id or use.framework_id == framework_id:
-                del self.applied[key]
-                if key in self.tasks:
-                    self._wait(key, self.tasks[key])
+        keys = self._on_agent.get(agent_id, set()) | self._of_framework.get(framework_id, set())
+        for key in keys:
+            self._unapply(key)
+            if key in self.tasks:
+                self._wait(key, self.tasks[key])
+
+    def _apply(self, key: str, use: TaskUse) -> None:
+        self.applied[key] = use
+        self._on_agent.setdefault(use.agent_id, set()).add(key)
+        self._of_framework.setdefault(use.framework_id, set()).add(key)
+
+    def _unapply(self, key: str) -> None:
+        use = self.applied.pop(key)
+        for index, by in ((self._on_agent, use.agent_id), (self._of_framework,
+                                                           use.framework_id)):
+            keys = index[by]
+            keys.discard(key)
+            if not keys:
+                del index[by]
 
     def _reconcile_tasks(self, keys: set[str]) -> bool:
         changed = False
@@ -285,7 +336,7 @@ class StreamFeed:
             have, want = self.applied.get(key), self.tasks.get(key)
             if have is not None and have != want:
                 changed = True
-                del self.applied[key]
+                self._unapply(key)
                 try:
                     self.core.resources_released(have.agent_id, have.framework_id,
                                                  have.resources)
@@ -306,6 +357,7 @@ class StreamFeed:
                 self.core.resources_used(want.agent_id, want.framework_id, want.resources)
             except AllocatorError as exc:
                 self._unwait(key)
+                self._seen.pop(key, None)
                 self.waiting.add(key)
                 self._short.add(key)
                 if key not in self._reported:
@@ -313,7 +365,7 @@ class StreamFeed:
                     self.notices.append(Notice.of("usage_waiting", f"{key}: {exc}", "warning"))
                 continue
             changed = True
-            self.applied[key] = want
+            self._apply(key, want)
             self._unwait(key)
             self._reported.discard(key)
         return changed

@@ -5,6 +5,10 @@ wait for their agents: each delta re-checks only the tasks it concerns)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import pytest
+
 from schemas import bus_pb2, common_pb2, state_pb2
 from services.allocator.core import AllocatorCore
 from services.allocator.feed import StreamFeed
@@ -160,4 +164,106 @@ def test_a_dynamic_reservation_moves_the_allocators_agent_total() -> None:
     assert agent.used == {fid: Resources.parse("cpus(web):1")} and not agent.offered
     [again] = core.allocate(2.0).allocations
     assert again.resources == Resources.parse("cpus(web):1;cpus:2;mem:4096")
+    core.validate()
+
+
+def _index_holds(feed: StreamFeed) -> None:
+    """The applied keys by agent and by framework are exactly those of `applied`."""
+    by_agent: dict[str, set[str]] = {}
+    by_framework: dict[str, set[str]] = {}
+    for key, use in feed.applied.items():
+        by_agent.setdefault(use.agent_id, set()).add(key)
+        by_framework.setdefault(use.framework_id, set()).add(key)
+    assert feed._on_agent == by_agent and feed._of_framework == by_framework
+
+
+def test_a_reset_without_some_agents_forgets_only_their_tasks_and_they_come_back() -> None:
+    """A new master's snapshot taken before some agents re-registered: their tasks wait
+    (the others stay counted), and count again when the agents come back."""
+    core = AllocatorCore()
+    feed = StreamFeed(core)
+    agents = [agent(f"a{i}") for i in range(4)]
+    tasks = [task(f"f{j}", f"t{i}-{j}", f"a{i}") for i in range(4) for j in range(2)]
+    store = {e.key: e for e in [*agents, framework("f0"), framework("f1"), *tasks]}
+    feed.reset(store)
+    assert not feed.waiting and len(feed.applied) == 8
+    _index_holds(feed)
+    late = {"agents/a1", "agents/a3"}
+    feed.reset({k: e for k, e in store.items() if k not in late})
+    assert feed.waiting == {t.key for t in tasks if t.value.task.agent_id in ("a1", "a3")}
+    assert all(used(core, a) == 2 for a in ("a0", "a2")) and used(core, "a1") == 0
+    _index_holds(feed)
+    feed.apply([deleted("frameworks/f1")])  # its tasks go: on a0 and a2 alone they were held
+    assert used(core, "a0") == 1 and "tasks/f1/t0-1" in feed.waiting
+    _index_holds(feed)
+    feed.apply([agents[1], agents[3], framework("f1")])
+    assert not feed.waiting and all(used(core, f"a{i}") == 2 for i in range(4))
+    _index_holds(feed)
+    core.validate()
+
+
+def _copy(e: bus_pb2.StateEntry) -> bus_pb2.StateEntry:
+    return bus_pb2.StateEntry.FromString(e.SerializeToString())
+
+
+def test_a_reset_to_the_same_records_decodes_none_and_changes_nothing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new master re-announces what the allocator already follows (new messages, the
+    same bytes): nothing is decoded again, nothing changes."""
+    from services.allocator import feed as feed_module
+
+    core = AllocatorCore()
+    feed = StreamFeed(core)
+    entries = [agent("a1"), agent("a2"), framework("f1"), task("f1", "t1", "a1"),
+               task("f1", "t2", "a2", cpus=2)]
+    assert feed.apply(entries)
+    decoded: list[str] = []
+
+    def counted(name: str) -> Callable[[state_pb2.StateValue | None], object]:
+        real = getattr(feed_module, name)
+
+        def decode(value: state_pb2.StateValue | None) -> object:
+            decoded.append(name)
+            return real(value)
+        return decode
+
+    for name in ("_agent", "_framework", "_task"):
+        monkeypatch.setattr(feed_module, name, counted(name))
+    assert not feed.apply([_copy(e) for e in entries])
+    feed.reset({e.key: e for e in map(_copy, entries)})
+    assert decoded == [] and used(core, "a1") == 1 and used(core, "a2") == 2
+    # One record changed: it alone is decoded.
+    changed = task("f1", "t2", "a2", cpus=2)
+    changed.value.task.status.state = common_pb2.TASK_FINISHED
+    feed.reset({e.key: e for e in map(_copy, [*entries[:4], changed])})
+    assert decoded == ["_task"] and used(core, "a2") == 0
+    core.validate()
+
+
+def test_a_refused_record_is_tried_again_when_it_comes_again() -> None:
+    """An agent's total that no longer holds what is allocated is refused (the old one
+    kept); the same record again, once the task ended, is applied."""
+    core = AllocatorCore()
+    feed = StreamFeed(core)
+    feed.apply([agent("a1", cpus=4), framework("f1"), task("f1", "t1", "a1", cpus=3)])
+    smaller = agent("a1", cpus=2)
+    feed.apply([smaller])
+    assert core.agents["a1"].total.scalar("cpus") == 4 and feed.notices
+    feed.apply([deleted("tasks/f1/t1")])
+    feed.apply([_copy(smaller)])
+    assert core.agents["a1"].total.scalar("cpus") == 2
+    core.validate()
+
+
+def test_tasks_forgotten_with_their_agent_count_again_from_the_same_records() -> None:
+    """Tasks whose agent was removed wait; when the agent and the same task records come
+    back (a reset), they are counted again (a waiting task's record is never skipped)."""
+    core = AllocatorCore()
+    feed = StreamFeed(core)
+    entries = [agent("a1"), framework("f1"), task("f1", "t1", "a1")]
+    feed.reset({e.key: e for e in entries})
+    feed.apply([deleted("agents/a1")])
+    assert feed.waiting == {"tasks/f1/t1"}
+    feed.reset({e.key: e for e in map(_copy, entries)})
+    assert not feed.waiting and used(core, "a1") == 1
     core.validate()
