@@ -64,3 +64,36 @@ def test_scale_report_without_failover_with_the_smallest_size_last(monkeypatch: 
              "subscribe_to_running_s": [0.3], "cpu_s": {}} for n in (10_000, 1000)]
     scale.report(rows, {"seconds_total": 1.0})
     assert written and [r["agents"] for r in written[0]["rows"]] == [10_000, 1000]
+
+
+def test_a_terminated_scale_bench_takes_its_cluster_down() -> None:
+    # SIGTERM (a CI timeout, `kill`) ended the bench without its finally: the cluster it
+    # started (ZooKeeper, six services, the emulator) ran on.
+    import re
+    import signal
+
+    from services.cli import cluster as local_cluster
+    from tests.waiting import wait_for
+
+    proc = subprocess.Popen([sys.executable, "-m", "bench.scale", "--agents", "20",
+                             "--tasks-per-agent", "1", "--skip-subscribe", "--no-failover"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    run_dir = None
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            m = re.search(r"cluster up in (\S+):", line)
+            if m:
+                run_dir = Path(m.group(1))
+                break
+        assert run_dir is not None, "the bench never brought its cluster up"
+        assert local_cluster.running(run_dir)
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+        assert wait_for(lambda: not local_cluster.running(run_dir), 30,
+                        message="the cluster outlived its bench")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if run_dir is not None and local_cluster.running(run_dir):
+            local_cluster.down(run_dir)
