@@ -31,6 +31,7 @@ from services.bus.stream_core import (
     StateEntry,
     SubscriberCore,
     entry_size,
+    varint,
 )
 
 log = get_logger("bus.statestream")
@@ -39,6 +40,9 @@ SNAPSHOT_RETRY = 0.05  # seconds before asking again after a refused snapshot re
 # patience doubles, up to this many times the configured timeout (a publisher busy
 # building snapshots must not be sent more of them); it is reset once synced.
 SNAPSHOT_PATIENCE_MAX = 16
+# Envelope.state_delta on the wire: its tag (field number, length-delimited).
+_STATE_DELTA_TAG = varint(
+    codec.Envelope.DESCRIPTOR.fields_by_name["state_delta"].number << 3 | 2)
 
 
 class StatePublisher:
@@ -98,16 +102,18 @@ class StatePublisher:
     def publish(self, entries: Iterable[StateEntry]) -> None:
         if not self.active:
             raise RuntimeError("publish on an inactive (stepped-down) publisher")
-        deltas, too_large = self.core.publish(entries)
+        deltas, too_large = self.core.publish_encoded(entries)
         for entry in too_large:
             # Refused here, where it is produced, and the stream goes on without it.
             self.stats.inc("state_entries_refused{reason=too_large}")
             log.error("state entry too large for a frame: not published", key=entry.key,
                       bytes=entry_size(entry), limit=self.core.max_bytes)
         for delta in deltas:
-            env = codec.Envelope()
-            env.state_delta.CopyFrom(delta)
-            self._send(env)
+            # The stamped envelope, then its payload as the delta's bytes (a message's
+            # fields may come in any order on the wire): the delta is not copied again.
+            head = self.sender.stamp(codec.Envelope()).SerializeToString()
+            self._send_frame(b"".join((head, _STATE_DELTA_TAG, varint(len(delta.payload)),
+                                       delta.payload)))
             self.stats.inc("state_deltas_published")
 
     def _send(self, env: codec.Envelope) -> None:
@@ -118,6 +124,15 @@ class StatePublisher:
             # Subscribers see the gap in the sequence and re-snapshot.
             self.stats.inc("frames_unsent{reason=too_large}")
             log.error("state delta too large to send", error=str(exc))
+            return
+        self._send_frame(frame)
+
+    def _send_frame(self, frame: bytes) -> None:
+        if len(frame) > self.frame_limit:  # never raised into the leader's reactor
+            # Subscribers see the gap in the sequence and re-snapshot.
+            self.stats.inc("frames_unsent{reason=too_large}")
+            log.error("state delta too large to send", bytes=len(frame),
+                      limit=self.frame_limit)
             return
         self.pub.send(frame, copy=False)
         self._last_sent = self.reactor.now()
@@ -141,14 +156,17 @@ class StatePublisher:
                 codec.ErrorCode.Value("UNEXPECTED"),
                 f"the snapshot endpoint takes snapshot_request, not {codec.payload_kind(env)}"))
             return
-        chunks = self.core.snapshot(env.snapshot_request.prefix)
-        for chunk in chunks:
+        batches = self.core.snapshot_batches(env.snapshot_request.prefix)
+        for i, batch in enumerate(batches):  # each chunk built in its envelope: one copy
             reply = codec.Envelope(in_reply_to=env.message_id)
-            reply.snapshot_chunk.CopyFrom(chunk)
+            chunk = reply.snapshot_chunk
+            chunk.epoch, chunk.seq, chunk.last = self.core.epoch, self.core.seq, \
+                i == len(batches) - 1
+            chunk.entries.extend(batch)
             self.snapshots.send(peer, reply)
         self.stats.inc("snapshots_served")
         log.info("served snapshot", peer=peer.decode(errors="replace"), seq=self.core.seq,
-                 chunks=len(chunks), keys=sum(len(c.entries) for c in chunks))
+                 chunks=len(batches), keys=sum(len(b) for b in batches))
 
     def close(self) -> None:
         self._beat.cancel()

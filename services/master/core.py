@@ -382,10 +382,14 @@ class MasterCore(AgentHandlers, JobHandlers, RevocationHandlers):
             st = self._status(t.task_id, tasks.STAGING, Reason.REASON_UNSPECIFIED, "",
                               agent.agent_id)
             self._add_task(Task(fw.framework_id, agent.agent_id, info, st, res, self._now,
-                                traceparent, offer_ids))
+                                traceparent, offer_ids), account=False)
             launch = run.launches.add(framework_id=fw.framework_id, traceparent=traceparent)
             launch.task.CopyFrom(info)
             launch.offer_ids.extend(offer_ids)
+        if used:  # the tasks' resources summed once, not added task by task
+            held = Resources.total(used)
+            agent.used += held
+            fw.used += held.quantities()
         self._offers_done(fw, req.offer_ids)
         if launches:
             out.append(ToAgent(agent.peer or b"", agent.agent_id, event, traceparent))

@@ -235,7 +235,7 @@ class Framework:
             used_resources=self.used.to_proto(), demands=self.demands)
 
 
-@dataclass
+@dataclass(slots=True)  # no instance dict: a master holds 100,000s of these
 class Task:
     framework_id: str
     agent_id: str
@@ -266,8 +266,10 @@ class Task:
         out.task_info.CopyFrom(self.info)
         out.status.CopyFrom(self.status)
         out.launched_at_us = us(self.launched_at)
-        out.traceparent = self.traceparent
-        out.offer_ids.extend(self.offer_ids)
+        if self.traceparent:
+            out.traceparent = self.traceparent
+        if self.offer_ids:  # none after a failover (each extend costs, even of nothing)
+            out.offer_ids.extend(self.offer_ids)
 
 
 @dataclass

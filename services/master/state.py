@@ -328,26 +328,33 @@ class MasterState:
     def _add_task(self, task: Task, *, account: bool = True) -> None:
         """A new record (launch, or an agent's report). Non-terminal ones hold resources
         (`account` False: the caller adds them to the agent's and framework's `used`)."""
-        tasks.check_storable(task.state)
-        old = self.tasks.get(task.key)
+        state = task.status.state
+        tasks.check_storable(state)
+        fid, tid = key = (task.framework_id, task.info.task_id)  # read once (a failover adds 100k)
+        old = self.tasks.get(key)
         if old is not None:  # a reused id of a completed task (Mesos allows it)
-            assert tasks.is_terminal(old.state), f"task {task.key} recorded twice"
+            assert tasks.is_terminal(old.state), f"task {key} recorded twice"
             self._forget_task(old)
-        self.tasks[task.key] = task
-        self._task_ids.setdefault(task.info.task_id, set()).add(task.framework_id)
-        fw = self.frameworks[task.framework_id]
-        if tasks.is_terminal(task.state):
+        self.tasks[key] = task
+        owners = self._task_ids.get(tid)
+        if owners is None:
+            self._task_ids[tid] = {fid}
+        else:
+            owners.add(fid)
+        fw = self.frameworks[fid]
+        dirty = self._dirty
+        if state in tasks.TERMINAL:
             self._complete(fw, task)
         else:
-            fw.tasks.add(task.info.task_id)
+            fw.tasks.add(tid)
             agent = self.agents[task.agent_id]
-            agent.tasks.add(task.key)
+            agent.tasks.add(key)
             if account:
                 fw.used += task.resources.quantities()
                 agent.used += task.resources
-            self._touch("agent", task.agent_id)
-        self._touch("framework", task.framework_id)
-        self._touch("task", *task.key)
+            dirty["agent", task.agent_id] = None
+        dirty["framework", fid] = None
+        dirty["task", fid, tid] = None
 
     def _set_status(self, task: Task, status: common_pb2.TaskStatus, *,
                     checked: bool = True) -> None:

@@ -21,8 +21,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
@@ -136,13 +135,22 @@ class _Table:
         return len(self.rows)
 
 
-@dataclass(frozen=True)
-class _Spot:
-    """Where a stream key's record lives in the replica."""
+class _Spot(NamedTuple):
+    """Where a stream key's record lives in the replica (a tuple: one is made per entry)."""
 
     kind: str
     framework_id: str
     key: str
+
+
+def _names(enum: Any) -> dict[int, str]:
+    return {v.number: v.name for v in enum.DESCRIPTOR.values}
+
+
+# Labels by number, read once per entry (EnumTypeWrapper.Name is Python, and slower).
+_TASK_STATES = _names(common_pb2.TaskState)
+_AGENT_STATUSES = _names(state_pb2.AgentRecord.Status)
+_KINDS = frozenset((*SHOWN, "decision"))  # what the replica keeps
 
 
 class StateView:
@@ -293,7 +301,7 @@ class StateView:
     def _apply(self, entry: StateEntry) -> bool:
         """One stream entry into the replica; False when /state does not show it."""
         kind = entry.value.WhichOneof("kind") if not entry.deleted else None
-        if entry.deleted or kind not in (*SHOWN, "decision"):
+        if entry.deleted or kind not in _KINDS:
             spot = self._spots.pop(entry.key, None)
             if spot is not None:
                 self._remove(spot)
@@ -301,7 +309,8 @@ class StateView:
         record = getattr(entry.value, kind)  # its JSON is made when a document shows it
         if kind == "agent":
             spot = _Spot("agent", "", record.agent_info.agent_id)
-            label = state_pb2.AgentRecord.Status.Name(record.status)
+            label = _AGENT_STATUSES.get(record.status) or \
+                state_pb2.AgentRecord.Status.Name(record.status)
             _recount(self.agent_counts, self.agents.put(spot.key, record, label), label)
         elif kind == "framework":
             spot = _Spot("framework", "", record.framework_info.framework_id)
@@ -317,7 +326,8 @@ class StateView:
             self.jobs.put(spot.key, record, "")
         else:
             spot = _Spot("task", record.framework_id, record.task_info.task_id)
-            label = common_pb2.TaskState.Name(record.status.state)
+            state = record.status.state
+            label = _TASK_STATES.get(state) or common_pb2.TaskState.Name(state)
             table = self.tasks.get(spot.framework_id)
             if table is None:
                 table = self.tasks[spot.framework_id] = _Table()

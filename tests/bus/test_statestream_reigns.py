@@ -143,3 +143,33 @@ def test_a_publisher_too_busy_to_answer_is_asked_ever_less_often(
         reactor.remove_reader(silent)
         silent.close(linger=0)
         pub.close(linger=0)
+
+
+def test_a_published_delta_is_a_stamped_envelope(ctx: zmq.Context[zmq.Socket[bytes]]) -> None:
+    """The publisher writes a delta's frame from its bytes (the stamped envelope, then the
+    delta): it decodes as any envelope does, stamped, with the delta's entries."""
+    reactor, pub, sub = pair(ctx)
+    raw = ctx.socket(zmq.SUB)
+    try:
+        raw.setsockopt(zmq.SUBSCRIBE, b"")
+        raw.connect(pub.pub_endpoint)
+        assert reactor.run(until=lambda: sub.synced, timeout=5)
+        got: list[codec.Envelope] = []
+
+        def deltas() -> bool:
+            pub.publish([entry("agent/2", 2), entry("agent/3", 3)])
+            while raw.poll(0):
+                env = codec.decode(raw.recv())
+                if env.state_delta.entries:
+                    got.append(env)
+            return bool(got)
+        assert reactor.run(until=deltas, timeout=5)
+        env = got[0]
+        assert (env.sender_id, env.epoch, env.sender_role) == ("m1", 5, MASTER)
+        assert env.message_id and env.WhichOneof("payload") == "state_delta"
+        assert env.state_delta.epoch == 5 and env.state_delta.seq > 0
+        assert list(env.state_delta.entries) == [entry("agent/2", 2), entry("agent/3", 3)]
+    finally:
+        raw.close(linger=0)
+        pub.close()
+        sub.close()

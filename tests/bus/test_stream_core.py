@@ -276,3 +276,54 @@ def test_a_deposed_publisher_is_ignored() -> None:
         sub.on_snapshot_chunk(chunk)
     assert sub.on_delta(old.apply([entry("a/1", 1)])[0]) == []
     assert "a/1" not in sub.store
+
+
+def test_an_encoded_delta_is_the_delta_message_serialised() -> None:
+    """publish_encoded writes each delta's bytes itself (entries serialised once, not copied
+    into a StateDelta): they parse to the StateDelta the entries make, batched by the same
+    size rule, with the sequence numbers publish gives, and the store the same."""
+    entries = [entry(f"task/{i}", i) for i in range(40)] + [entry("task/3", 0, deleted=True)]
+    entries.append(big("task/big", 500))
+    by_message, by_bytes = (PublisherCore(epoch=3, max_bytes=1024 + 400, seq=7)
+                            for _ in range(2))
+    batches, _ = split_by_size(entries, by_message.max_bytes)
+    encoded, too_large = by_bytes.publish_encoded(entries)
+    assert len(batches) > 2, "several frames' worth"
+    assert [e.key for e in too_large] == ["task/big"]
+    assert [(d.epoch, d.seq, d.count) for d in encoded] == [
+        (3, 8 + i, len(b)) for i, b in enumerate(batches)]
+    for delta, batch in zip(encoded, batches, strict=True):
+        assert StateDelta.FromString(delta.payload) == StateDelta(
+            epoch=delta.epoch, seq=delta.seq, entries=batch)
+    by_message.publish(entries)
+    assert by_bytes.store == by_message.store and "task/3" not in by_bytes.store
+    assert by_bytes.seq == by_message.seq == 7 + len(batches)
+
+
+def test_a_successor_holds_what_applying_its_entries_would() -> None:
+    """successor stores the new reign's state without making deltas: the same store and
+    sequence as applying them (an entry too large for a frame left out)."""
+    entries = [entry(f"agent/{i}", i) for i in range(30)] + [big("task/big", 500)]
+    made = PublisherCore(epoch=1, max_bytes=1024 + 400).successor(2, entries)
+    applied = PublisherCore(epoch=2, max_bytes=1024 + 400)
+    applied.apply(entries)
+    assert (made.epoch, made.seq, made.store) == (2, applied.seq, applied.store)
+    assert "task/big" not in made.store and applied.seq > 1
+
+
+def test_a_snapshot_is_split_as_the_store_measures() -> None:
+    """Snapshots split by the sizes kept when entries were stored: the chunks are those the
+    stored entries, measured again in key order, make (keys rewritten at other sizes and
+    deleted ones included), for a prefix too."""
+    pub = PublisherCore(epoch=1, max_bytes=1024 + 400).successor(
+        2, [big(f"agent/{i}", 10 * i) for i in range(8)])
+    pub.publish([big(f"task/{i}", 7 * i) for i in range(20)])
+    pub.publish([big("task/3", 250), entry("task/4", 0, deleted=True), big("agent/2", 1)])
+    for prefix in ("", "task/", "agent/", "none/"):
+        expected = split_by_size([e for k, e in sorted(pub.store.items())
+                                  if k.startswith(prefix)], pub.max_bytes)[0] or [[]]
+        assert pub.snapshot_batches(prefix) == expected, prefix
+        chunks = pub.snapshot(prefix)
+        assert [list(c.entries) for c in chunks] == expected
+        assert [c.last for c in chunks] == [False] * (len(chunks) - 1) + [True]
+    assert len(pub.snapshot_batches()) > 2
