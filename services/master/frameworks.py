@@ -122,6 +122,10 @@ class FrameworkHandlers(MasterState):
         if peer in self.agent_peers:
             return refuse(f"this connection is agent {self.agent_peers[peer]!r}")
         bound = self.framework_peers.get(peer)
+        if bound is not None and not fid:
+            # A Subscribe sent again before its Subscribed came (the driver's retry crossed a
+            # slow answer): the same framework on its own connection, answered again.
+            fid = info.framework_id = bound
         if bound is not None and bound != fid:
             return refuse(f"this connection is already subscribed as framework {bound!r}")
         if not finite_nonneg(info.failover_timeout_s):

@@ -276,6 +276,25 @@ def test_subscribe_takeover_needs_force_and_disconnects_the_old_scheduler() -> N
                ToFramework).event.error.message
 
 
+def test_a_subscribe_sent_again_before_its_answer_came_is_answered_again() -> None:
+    # The driver resends Subscribe when no Subscribed came in time (0.1 s at first); a master
+    # slower than that answered the first and refused the second ("already subscribed as
+    # framework F1"), an Error the driver takes as fatal: the framework aborted (bench.scale
+    # at 10k-50k agents, "no Subscribed on connection 1", then nothing for 120 s).
+    core = cluster()[0]
+    first = subscribe(core, b"new")
+    fid = one(first, ToFramework).event.subscribed.framework_id
+    again = subscribe(core, b"new")
+    (answer,) = only(again, ToFramework)
+    assert answer.event.WhichOneof("event") == "subscribed", answer.event
+    assert answer.event.subscribed.framework_id == fid
+    assert sum(f.info.name == "new" for f in core.frameworks.values()) == 1
+    # Another framework's id on that connection is still refused.
+    other = subscribed(core, b"other")
+    assert one(subscribe(core, b"new", framework_id=other), ToFramework).event.error.message
+    core.validate()
+
+
 def test_teardown_shuts_down_on_agents_and_forgets_the_framework() -> None:
     core, aid, fid = cluster()
     running(core, aid, fid, "t1")
