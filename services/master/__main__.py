@@ -28,9 +28,10 @@ OPTIONS = (
     Option("snapshot_port", int, 0, "state stream snapshot port", minimum=0, maximum=65535),
     Option("reregister_window", float, 60.0,
            "seconds agents have to re-register after a failover", minimum=0),
-    Option("agent_timeout", float, AGENT_TIMEOUT_S,
+    Option("agent_timeout", float, 0.0,
            "seconds an agent may be silent (no heartbeat, no call) before it is declared "
-           "unreachable and its tasks TASK_UNREACHABLE", minimum=0.05, maximum=86400),
+           "unreachable and its tasks TASK_UNREACHABLE (0: max_missed heartbeats, "
+           f"{AGENT_TIMEOUT_S:g} s at the defaults)", minimum=0, maximum=86400),
     Option("agent_gone_timeout", float, AGENT_GONE_TIMEOUT_S,
            "seconds an agent may stay unreachable before it is declared gone (its tasks "
            "TASK_GONE, its id refused)", minimum=0.05, maximum=365 * 86400),
@@ -44,16 +45,22 @@ OPTIONS = (
 )
 
 
+def agent_timeout(v: dict[str, Any]) -> float:
+    """The agent timeout set, else as many heartbeats as a peer may miss (Paranoid Pirate)."""
+    return float(v["agent_timeout"] or v["heartbeat"] * v["max_missed"])
+
+
 def build(v: dict[str, Any]) -> MasterShell:
-    if v["agent_timeout"] < 2 * v["heartbeat"]:
-        raise ValueError(f"--agent-timeout {v['agent_timeout']:g} s is less than two heartbeats "
+    timeout = agent_timeout(v)
+    if timeout < 2 * v["heartbeat"]:
+        raise ValueError(f"--agent-timeout {timeout:g} s is less than two heartbeats "
                          f"(--heartbeat {v['heartbeat']:g} s): agents would be declared "
                          "unreachable between two beats")
     return MasterShell(MasterConfig(
         master_id=v["id"], election_url=v["cluster"], registry_url=v["cluster"],
         front_port=v["port"], internal_port=v["internal_port"],
         pub_port=v["pub_port"], snapshot_port=v["snapshot_port"],
-        agent_reregister_window_s=v["reregister_window"], agent_timeout_s=v["agent_timeout"],
+        agent_reregister_window_s=v["reregister_window"], agent_timeout_s=timeout,
         agent_gone_timeout_s=v["agent_gone_timeout"], max_gone_agents=v["max_gone_agents"],
         acl_file=v["acl_file"],
         **common_fields(v)))
