@@ -51,6 +51,7 @@ from services.broker.commands import (
     coalesce,
 )
 from services.broker.launches import LaunchTracker, PendingLaunch
+from services.broker.masters import MasterEvents
 from services.broker.revocable import launch_request
 from services.broker.stream import AgentView
 from services.broker.table import HISTORY_SIZE, OfferState, OfferTable
@@ -77,7 +78,7 @@ Reclaim = internal_pb2.InternalMessage.ReclaimOffers.Reclaim
 
 
 @dataclass
-class BrokerCore:
+class BrokerCore(MasterEvents):
     """The offer table. `prefix` makes ids unique across brokers (use the leader epoch)."""
 
     prefix: str
@@ -197,54 +198,6 @@ class BrokerCore:
             else:
                 out += self._allocation(a, now)
         return out
-
-    def master_changed(self, epoch: int | None, now: float) -> list[Command]:
-        """Another master leads (None: none is known). Launches sent to the old one will
-        not be answered: they wait for the new master's stream (see launches.py). Offers
-        another master relayed are void (see the module comment): rescinded, recovered.
-        While none leads they stay: the same master may come back, connections intact."""
-        out = self._due(now)
-        if epoch is not None:
-            out += self._void([oid for oid in self.table.offered_ids()
-                               if self.table.offers[oid].master_epoch != epoch],
-                              f"relayed by another master than epoch {epoch}", epoch)
-        orphaned = self._launches.master_changed(epoch, now)
-        if orphaned:
-            out.append(Notice.of(
-                "launches_orphaned", f"the master changed with {orphaned} launches "
-                "unanswered: they count as launched once their tasks are on the stream",
-                launches=orphaned, master_epoch=epoch or 0))
-        out += self._resolve_launches(now)
-        return coalesce(out)
-
-    def master_link_reset(self, now: float) -> list[Command]:
-        """The connection to the leading master broke and is made again: offers queued on
-        it or in flight were lost, and which reached their frameworks nobody can tell. Every
-        outstanding offer is rescinded and recovered, unfiltered, as for a new master."""
-        return coalesce(self._due(now) + self._void(
-            self.table.offered_ids(), "relayed over a link to the master that broke",
-            self._launches.master_epoch or 0))
-
-    def offers_undelivered(self, offer_ids: Iterable[str], now: float) -> list[Command]:
-        """The shell could not hand these offers to the master (no connection, its queue
-        full): no framework saw them. Back to the allocator at once, with no Rescind."""
-        out = self._due(now)
-        ids = [oid for oid in offer_ids if self.table.states.get(oid) is OfferState.OFFERED]
-        if ids:
-            out += [c for c in self._rescind(ids, 0, "", recover=True)
-                    if not isinstance(c, Rescind)]
-            out.append(Notice.of("offers_undelivered", f"{len(ids)} offers could not be sent "
-                                 "to the master: recovered", offers=len(ids)))
-        return coalesce(out)
-
-    def _void(self, offer_ids: Iterable[str], why: str, epoch: int) -> list[Command]:
-        ids = sorted(offer_ids)
-        if not ids:
-            return []
-        return [*self._rescind(ids, RescindReason.RESCIND_REASON_FRAMEWORK_INACTIVE,
-                               f"offer {why}", recover=True),
-                Notice.of("offers_voided", f"{len(ids)} offers {why}: rescinded and recovered",
-                          offers=len(ids), master_epoch=epoch)]
 
     # -- events: the allocator ---------------------------------------------------------
     def allocator_seen(self, epoch: int, now: float) -> list[Command]:
@@ -573,7 +526,10 @@ class BrokerCore:
         return agent.total.with_role(UNRESERVED).contains((held + extra).with_role(UNRESERVED))
 
     def _rescind(self, offer_ids: Sequence[str], reason: int, message: str,
-                 recover: bool, to: OfferState = OfferState.RESCINDED) -> list[Command]:
+                 recover: bool, to: OfferState = OfferState.RESCINDED,
+                 tell: bool = True) -> list[Command]:
+        """Move the offers to `to`; a Rescind per framework (unless `tell` is False: no
+        framework saw them) and, with `recover`, their Recovery."""
         by_fw: dict[str, list[str]] = {}
         recs = []
         for oid in offer_ids:
@@ -585,7 +541,7 @@ class BrokerCore:
                 recs.append(Recovery(o.framework_id, o.agent_id, o.resources, why,
                                      offer_id=oid, allocation_id=o.allocation_id))
         out: list[Command] = [Rescind(fw, tuple(ids), reason, message)
-                              for fw, ids in by_fw.items()]
+                              for fw, ids in by_fw.items()] if tell else []
         if recs:
             out.append(RecoverResources(tuple(recs)))
         return out
