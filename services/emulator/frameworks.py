@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -144,7 +144,7 @@ class EmulatedFramework(Scheduler):
     states: Counter[str] = field(default_factory=Counter)  # latest state -> tasks
     latest: dict[str, tasks.State] = field(default_factory=dict)  # live task -> its state
     lock: threading.Lock = field(default_factory=threading.Lock)
-    clock: Any = time.monotonic
+    clock: Callable[[], float] = time.monotonic
     reconciled_at: float = -math.inf
     subscriptions: int = 0
 
