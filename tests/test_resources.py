@@ -124,3 +124,41 @@ def test_total_disjoint_names_the_two_holders_whatever_their_roles() -> None:
                                   ("y", Resources.parse("disks(web):{sdc,sda}"))])
     with pytest.raises(ValueError, match=r"^'x' uses port 5 twice$"):
         Resources.total_disjoint([("x", Resources.parse("ports:[5-5];ports(web):[4-6]"))])
+
+
+sets = st.frozensets(st.sampled_from(["sda", "sdb", "sdc"]), max_size=3)
+mixed = st.lists(st.tuples(bags, sets, st.sampled_from(["*", "web", "db"])), max_size=3).map(
+    lambda parts: Resources.total(b + Resources(sets={("disks", role): s} if s else {})
+                                  for b, s, role in parts))
+
+
+def _with_role_by_hand(bag: Resources, role: str) -> Resources:
+    """with_role as it was first written: one bag per part, added up."""
+    out = Resources()
+    for (n, _), v in bag.scalars.items():
+        out += Resources({(n, role): v})
+    for (n, _), rs in bag.ranges.items():
+        out += Resources(ranges={(n, role): rs})
+    for (n, _), items in bag.sets.items():
+        out += Resources(sets={(n, role): items})
+    return out
+
+
+@given(mixed, st.sampled_from(["*", "web", "db"]))
+def test_with_role_moves_every_part_and_keeps_the_quantities(bag: Resources, role: str) -> None:
+    moved = bag.with_role(role)
+    assert moved == _with_role_by_hand(bag, role)
+    assert {r for _, r in [*moved.scalars, *moved.ranges, *moved.sets]} <= {role}
+
+
+@given(mixed, mixed)
+def test_from_proto_remembers_nothing_it_should_not(a: Resources, b: Resources) -> None:
+    """The parse memo's key holds all that the parse reads: two bags parse as themselves
+    whatever was parsed before (and a role spelled "" is the unreserved one)."""
+    for bag in (a, b, a, b):
+        assert Resources.from_proto(bag.to_proto()) == bag
+    items = a.to_proto()
+    for r in items:
+        if r.role == "*":
+            r.role = ""
+    assert Resources.from_proto(items) == a

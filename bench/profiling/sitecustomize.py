@@ -1,7 +1,9 @@
 """Profiling for `python -m bench scale --profile`: a Python process started with this
 directory on PYTHONPATH and OFFERBUS_PROFILE_DIR set profiles its main thread (the service's
 reactor) with cProfile and writes `<dir>/<name>-<pid>.prof` when it exits cleanly (SIGTERM;
-a SIGKILLed process writes nothing). Without OFFERBUS_PROFILE_DIR it does nothing."""
+a SIGKILLed process writes nothing). Times are the thread's CPU time (time.thread_time), not
+the wall clock: on a busy box a process waiting for a core is not charged to the function it
+was in. Without OFFERBUS_PROFILE_DIR it does nothing."""
 
 from __future__ import annotations
 
@@ -13,8 +15,9 @@ if _DIR:
     import atexit
     import cProfile
     import sys
+    import time
 
-    _profile = cProfile.Profile()
+    _profile = cProfile.Profile(time.thread_time)
 
     def _name() -> str:
         """`master-2` for `-m services.master ... --id master-2`; else the module's name."""

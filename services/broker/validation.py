@@ -27,6 +27,8 @@ def positive(r: Resources) -> bool:
 
 def overlap(a: Resources, b: Resources) -> bool:
     """Whether a and b share a port (range value) or set item, whatever their roles."""
+    if not (a.ranges or a.sets) or not (b.ranges or b.sets):
+        return False  # scalars alone (most tasks): nothing to share
     a, b = a.with_role(UNRESERVED), b.with_role(UNRESERVED)
     return any(lo <= bhi and blo <= hi
                for k, rs in b.ranges.items() for blo, bhi in rs

@@ -37,6 +37,7 @@ from services.master.commands import (
 from services.master.core import MasterCore
 from services.master.heard import LivenessReporter
 from services.master.liveness import AGENT_GONE_TIMEOUT_S, AGENT_TIMEOUT_S, MAX_GONE_AGENTS
+from services.master.outbox import UpdateOutbox
 from services.master.registry import (
     Fenced,
     Loaded,
@@ -139,6 +140,7 @@ class MasterShell(ServiceKit):
         self._pending_publish: list[bus_pb2.StateEntry] = []
         self._staged: dict[tuple[str, str], float] = {}  # launch sent -> RUNNING, for latency
         self._status_spans = spans.StatusSpans()  # status spans, each update once
+        self._updates_out = UpdateOutbox()  # updates to frameworks, sent once per turn
         self._revocations_before = Revocations()  # the counts of earlier reigns' cores
         self._register_metrics()
         self._register_handlers()
@@ -151,6 +153,7 @@ class MasterShell(ServiceKit):
     def _lead(self, epoch: int) -> None:
         self._broker = None
         self._pending_publish.clear()  # nothing of an earlier reign is published in this one
+        self._updates_out.clear()
         # The load runs on the writer's thread. It takes milliseconds, so the reign begins
         # here (no moment when this leader has no state to serve); a slow one (ZooKeeper
         # struggling) holds the reactor at most REGISTRY_LOAD_WAIT_S, then the reign begins
@@ -224,6 +227,7 @@ class MasterShell(ServiceKit):
         self.driver.detach()
         self._end_core()
         self._pending_publish.clear()
+        self._updates_out.clear()  # a deposed leader sends nothing
         self._staged.clear()
         self.publisher.deactivate()
         self.view.step_down()
@@ -401,9 +405,18 @@ class MasterShell(ServiceKit):
         elif kind == "update":
             self._trace_updates(cmd.framework_id, cmd.event.update)
             self._time_launches(cmd.framework_id, cmd.event.update)
-        env = codec.Envelope(traceparent=tp)
-        env.scheduler_event.CopyFrom(cmd.event)
-        self._send(self.front, cmd.peer, env)
+            self._send_framework(self._updates_out.add(cmd.peer, cmd.framework_id,
+                                                       cmd.event.update, tp))
+            return
+        self._send_framework(self._updates_out.take(cmd.peer))  # what it was told first
+        self._send_framework([(cmd.peer, cmd.framework_id, cmd.event, tp)])
+
+    def _send_framework(self, events: list[tuple[bytes, str, scheduler_pb2.SchedulerEvent, str]],
+                        ) -> None:
+        for peer, _, event, tp in events:
+            env = codec.Envelope(traceparent=tp)
+            env.scheduler_event.CopyFrom(event)
+            self._send(self.front, peer, env)
 
     def _to_broker(self, cmd: ToBroker) -> None:
         if not cmd.peer:
@@ -469,6 +482,8 @@ class MasterShell(ServiceKit):
             self._step_down("registry fenced")
 
     def _flush(self) -> None:
+        if len(self._updates_out) and self.core is not None and not self.paused:
+            self._send_framework(self._updates_out.drain())
         if self._pending_publish and self.core is not None and not self.paused:
             # One entry per key, its latest (a framework's record changes with each of its
             # agents re-registering after a failover: published once per turn, not per agent).

@@ -344,7 +344,11 @@ def test_a_retried_update_is_not_traced_again(
         return env
 
     shell._on_front(b"a1", running(b"u1"))
-    shell._on_front(b"a1", running(b"u1"))  # the retry
+    # The reactor's wake-up ends: the turn's updates go out (as the idle flush sends them;
+    # this shell does not lead, so it publishes nothing).
+    shell._send_framework(shell._updates_out.drain())
+    shell._on_front(b"a1", running(b"u1"))  # the retry, at a later wake-up
+    shell._send_framework(shell._updates_out.drain())
     forwarded = [e for e in _sent if e.scheduler_event.WhichOneof("event") == "update"]
     assert len(forwarded) == 2  # still forwarded: the agent needs its acknowledgement
     assert len([s for s in recorded.get_finished_spans() if s.name == spans.STATUS]) == 1
@@ -366,3 +370,33 @@ def test_status_spans_remember_a_bounded_number_of_updates() -> None:
     assert [(s.attributes or {})[spans.TASK_ID] for s in exporter.get_finished_spans()] == [
         "t1", "t2", "t3", "t1"]
     assert len(traced._traced) == 2
+
+
+def test_a_wake_ups_updates_reach_their_framework_as_one_update(
+    master: tuple[MasterShell, list[codec.Envelope]], recorded: InMemorySpanExporter,
+) -> None:
+    """Updates from two agents in one wake-up: one Update to the framework (in order), and
+    still a status span per launch (services/master/outbox.py)."""
+    shell, sent = master
+    core = shell.core = MasterCore("m1", 7, now=T0)
+    agents = [register(core, b"a1"), register(core, b"a2")]
+    fid = subscribed(core, b"f1")
+    for i, aid in enumerate(agents):
+        shell._on_internal(b"broker", broker_env(
+            launch_msg(fid, aid, task_info(f"t{i}"), rid=f"r{i}", offers=(f"o{i}",)),
+            f"00-{i + 1:032x}-cdcdcdcdcdcdcdcd-01"))
+    for i, aid in enumerate(agents):
+        env = codec.Envelope(sender_role=codec.Role.Value("ROLE_AGENT"))
+        env.agent_call.CopyFrom(agent_pb2.AgentCall(
+            agent_id=aid, status_updates=agent_pb2.AgentCall.StatusUpdates(updates=[
+                agent_pb2.StatusUpdate(framework_id=fid, status=common_pb2.TaskStatus(
+                    task_id=f"t{i}", state=common_pb2.TaskState.TASK_RUNNING,
+                    uuid=f"u{i}".encode(), agent_id=aid,
+                    source=common_pb2.TaskStatus.SOURCE_EXECUTOR))])))
+        shell._on_front(f"a{i + 1}".encode(), env)
+    assert not [e for e in sent if e.scheduler_event.WhichOneof("event") == "update"]
+    shell._send_framework(shell._updates_out.drain())  # the wake-up's idle flush
+    updates = [e for e in sent if e.scheduler_event.WhichOneof("event") == "update"]
+    assert [[s.task_id for s in e.scheduler_event.update.statuses] for e in updates] == [
+        ["t0", "t1"]]
+    assert len([s for s in recorded.get_finished_spans() if s.name == spans.STATUS]) == 2
