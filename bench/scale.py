@@ -13,7 +13,8 @@
   every agent re-registered and every task known RUNNING again (the new master's metrics).
 
 Heartbeats every second, or every agents/10,000 seconds beyond 10,000 agents (HEARTBEATS_PER_S).
-Where the time goes: CPU seconds each process spent per phase (/proc/<pid>/stat), so a
+Where the time goes: CPU seconds each process spent per phase (/proc/<pid>/stat; "bench" is
+this process, which runs the frameworks through the SDK and polls the services), so a
 phase's wall time can be set against the process that was busy. Ratios are against the
 smallest N measured in the same run; with --rounds > 1 the sizes take turns going first.
 
@@ -98,6 +99,17 @@ def gauges(url: str, name: str) -> dict[str, float]:
             for s in family.samples:
                 out[next(iter(s.labels.values()), "")] = s.value
     return out
+
+
+def sampling(ratio: float) -> str:
+    """Set the share of traces recorded (the OpenTelemetry SDK reads OTEL_TRACES_SAMPLER
+    when a process sets up tracing: the services spawned from now on and this process's
+    frameworks); returns it in words for the report."""
+    if ratio >= 1.0:
+        return "every offer (parentbased_always_on)"
+    os.environ["OTEL_TRACES_SAMPLER"] = "parentbased_traceidratio"
+    os.environ["OTEL_TRACES_SAMPLER_ARG"] = repr(ratio)
+    return f"a share of {ratio:g} (parentbased_traceidratio)"
 
 
 def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
@@ -206,13 +218,14 @@ class Run:
     def phase(self, name: str) -> Iterator[list[float]]:
         """Times a phase (yields [start]; [start, seconds] after) and records each
         process's CPU seconds in it, also when it fails."""
-        before = cpu_seconds(self.pids())
+        pids = {**self.pids(), "bench": os.getpid()}  # this process runs the frameworks
+        before = cpu_seconds(pids)
         timing = [time.monotonic()]
         try:
             yield timing
         finally:
             timing.append(time.monotonic() - timing[0])
-            now = cpu_seconds(self.pids())
+            now = cpu_seconds({**self.pids(), "bench": os.getpid()})
             self.row["cpu_s"][name] = {k: round(v - before.get(k, 0.0), 2)
                                        for k, v in now.items() if v - before.get(k, 0) > 0.05}
 
@@ -441,14 +454,21 @@ def main(argv: list[str] | None = None) -> None:
                          "update, seconds (0: the agent's default)")
     ap.add_argument("--gc-stats", action="store_true",
                     help="time every service's garbage collections (bench/profiling)")
+    ap.add_argument("--trace-sample", type=float, default=1.0, metavar="RATIO",
+                    help="the share of traces recorded (OTEL_TRACES_SAMPLER="
+                         "parentbased_traceidratio), for the services and this process's "
+                         "frameworks; default 1: every offer traced, as `offerbus up` does")
     args = ap.parse_args(argv)
+    if not 0.0 <= args.trace_sample <= 1.0:
+        ap.error(f"--trace-sample: a ratio from 0 to 1 (got {args.trace_sample})")
+    traces = sampling(args.trace_sample)
     # A SIGTERM (a timeout, `kill`) unwinds like Ctrl-C, so each cluster is taken down.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     if args.spy and not shutil.which(args.spy):
         ap.error(f"--spy: no py-spy at {args.spy!r} (give its path)")
     sizes = [int(x) for x in args.agents.split(",") if x]
     print(f"bench scale: {sizes} virtual agents x {args.tasks_per_agent} tasks, "
-          f"{args.rounds} round(s)")
+          f"{args.rounds} round(s), traces: {traces}")
     rows: list[dict[str, Any]] = []
     started = time.monotonic()
     for r in range(args.rounds):
@@ -484,7 +504,7 @@ def main(argv: list[str] | None = None) -> None:
     report(rows, {"sizes": sizes, "tasks_per_agent": args.tasks_per_agent,
                   "update_retry_s": args.update_retry or None,
                   "rounds": args.rounds, "heartbeat_s": f"{HEARTBEAT} (agents / "
-                  f"{HEARTBEATS_PER_S} beyond)",
+                  f"{HEARTBEATS_PER_S} beyond)", "traces": traces,
                   "seconds_total": time.monotonic() - started})
 
 

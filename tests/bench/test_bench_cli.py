@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +30,29 @@ def test_bench_scale_refuses_a_missing_sampler_before_starting_a_cluster() -> No
     out = subprocess.run([sys.executable, "-m", "bench.scale", "--spy", "/nonexistent/py-spy"],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "no py-spy" in out.stderr and "cluster up" not in out.stdout
+
+
+def test_bench_scale_refuses_a_sampling_ratio_out_of_range() -> None:
+    out = subprocess.run([sys.executable, "-m", "bench.scale", "--trace-sample", "2"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "--trace-sample" in out.stderr
+    assert "cluster up" not in out.stdout
+
+
+def test_scale_sampling_reaches_the_processes_started_after_it(monkeypatch: Any) -> None:
+    from bench import scale
+
+    for name in ("OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG"):
+        # Set, then removed, through monkeypatch: it restores both as they were after the
+        # test (sampling() writes os.environ, which would leak a 1% sampler into the
+        # tracing tests that follow; a delenv of an absent name records nothing to undo).
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    assert "every offer" in scale.sampling(1.0)
+    assert "OTEL_TRACES_SAMPLER" not in os.environ
+    assert "0.01" in scale.sampling(0.01)
+    assert os.environ["OTEL_TRACES_SAMPLER"] == "parentbased_traceidratio"
+    assert float(os.environ["OTEL_TRACES_SAMPLER_ARG"]) == 0.01
 
 
 def test_scale_trials_of_each_kind_are_reported_as_that_kind(monkeypatch: Any) -> None:
