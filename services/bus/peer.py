@@ -32,6 +32,10 @@ from services.bus.stats import Stats
 log = get_logger("bus.peer")
 
 DRAIN_BATCH = 1000  # messages read per wake-up before yielding to other sockets and timers
+# ... and for at most this long: the reactor's idle flushes (state deltas, batched updates)
+# and its timers wait for the end of a wake-up, so a backlog of costly messages (a thousand
+# launches of ten tasks: a second) would hold back everything this service tells others.
+DRAIN_SECONDS = 0.02
 HWM = 100_000
 HARD_SIZE_FACTOR = 4  # zmq drops a connection beyond this many frame limits (memory guard)
 # A message from an elected role that the detector cannot vouch for yet (no leader known, or
@@ -305,6 +309,8 @@ class RouterServer(_Endpoint):
         return True
 
     def _on_readable(self) -> None:
+        clock = self.reactor.clock
+        until = clock() + DRAIN_SECONDS
         for _ in range(DRAIN_BATCH):
             try:
                 msg = self._recv()
@@ -312,9 +318,10 @@ class RouterServer(_Endpoint):
                 return
             peer, frames = msg[0], msg[1:]
             env = self._accept(peer, frames)
-            if env is None:
-                continue  # refused (or held) frames prove nothing about a peer's liveness
-            self._deliver(peer, env)
+            if env is not None:  # refused (or held) frames prove nothing of a peer's liveness
+                self._deliver(peer, env)
+            if clock() >= until:
+                return  # the rest at the next wake-up (the socket stays readable)
 
     def _recv(self) -> list[bytes]:
         if self._user_ids is None:
@@ -505,9 +512,11 @@ class DealerClient(_Endpoint):
 
     def _on_readable(self) -> None:
         sock = self.sock
+        clock = self.reactor.clock
+        until = clock() + DRAIN_SECONDS
         for _ in range(DRAIN_BATCH):
-            if sock is None or sock is not self.sock:
-                return  # a handler reconnected or closed us mid-batch
+            if sock is None or sock is not self.sock or clock() > until:
+                return  # a handler reconnected or closed us mid-batch, or the time is up
             try:
                 frames = sock.recv_multipart(flags=zmq.NOBLOCK)
             except zmq.Again:

@@ -14,6 +14,7 @@ from services.bus.epoch import EpochFence, Verdict
 from services.bus.log import get_logger
 from services.bus.peer import (
     DRAIN_BATCH,
+    DRAIN_SECONDS,
     HWM,
     DealerClient,
     HeartbeatConfig,
@@ -267,8 +268,10 @@ class StateSubscriber:
 
     def _on_readable(self) -> None:
         sub = self.sub
+        clock = self.reactor.clock
+        until = clock() + DRAIN_SECONDS
         for _ in range(DRAIN_BATCH):
-            if sub is None or sub is not self.sub:
+            if sub is None or sub is not self.sub or clock() > until:
                 return
             try:
                 frames = sub.recv_multipart(flags=zmq.NOBLOCK)
