@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -87,7 +88,14 @@ class Reactor:
         wait = max_wait
         if self._timers:
             wait = max(0.0, min(wait, self._timers[0].when - self.clock()))
-        events = self._poller.poll(int(wait * 1000) if wait > 0 else 0)
+        # Rounded up: a wait under a millisecond rounded down is a poll(0) that returns at
+        # once, again and again until the timer is due (a spin); the timer fires at most a
+        # millisecond late instead.
+        if not self._handlers:  # zmq_poll of nothing returns at once, whatever the timeout
+            time.sleep(wait)
+            events = []
+        else:
+            events = self._poller.poll(math.ceil(wait * 1000) if wait > 0 else 0)
         for key, _ in events:
             handler = self._handlers.get(key)
             if handler is not None:
