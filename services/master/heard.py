@@ -17,6 +17,14 @@ from services.shell.driver import CoreDriver
 from services.shell.metrics import Metrics
 
 
+def report_interval(heartbeat_interval: float) -> float:
+    """How often the shell reports: every half heartbeat, at most every 0.5 s. A report walks
+    every agent (at 10,000 agents, four a second were a tenth of a busy master's time); an
+    agent's silence is judged at once all the same, as the core asks for a report as soon as
+    one is due (`awaiting_report`)."""
+    return min(0.5, heartbeat_interval / 2)
+
+
 class LivenessReporter:
     """Reports at most every `interval` s (reactor clock); the core's `agents_heard` gets
     wall-clock times, like every other call."""

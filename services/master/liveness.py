@@ -101,7 +101,9 @@ class AgentLiveness(MasterState):
                 else "unreachable"
             out.append(Reject(peer, bus_pb2.NOT_REGISTERED, f"agent {lost.agent_id} is "
                               f"{status} on this master; re-register"))
-        return out + self._expire_agents()
+        if self.awaiting_report or any(t <= now for t in self._liveness_deadlines()):
+            out += self._expire_agents()  # else no agent is due: its checks are lower bounds
+        return out
 
     def _observe(self, now: float) -> None:
         """A complete report at `now`: the master was listening. After a gap far longer than

@@ -35,7 +35,7 @@ from services.master.commands import (
     ToOperator,
 )
 from services.master.core import MasterCore
-from services.master.heard import LivenessReporter
+from services.master.heard import LivenessReporter, report_interval
 from services.master.liveness import AGENT_GONE_TIMEOUT_S, AGENT_TIMEOUT_S, MAX_GONE_AGENTS
 from services.master.outbox import UpdateOutbox
 from services.master.registry import (
@@ -135,7 +135,8 @@ class MasterShell(ServiceKit):
         self.core: MasterCore | None = None
         self.liveness = LivenessReporter(self.reactor, self.front, self.driver,
                                          lambda: self.core,
-                                         min(0.25, config.heartbeat_interval / 4), self.metrics)
+                                         report_interval(config.heartbeat_interval),
+                                         self.metrics)
         self._broker: tuple[bytes, int] | None = None  # the broker's peer and epoch
         self._pending_publish: list[bus_pb2.StateEntry] = []
         self._staged: dict[tuple[str, str], float] = {}  # launch sent -> RUNNING, for latency
