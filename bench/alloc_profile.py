@@ -8,6 +8,8 @@ processes, so their CPU cost can be timed (min of N) and profiled without noise.
   each (agents re-registering), with new registration times in the agent records.
 - failover_partial: as failover_reset, but a tenth of the agents re-register after the
   snapshot: they and their tasks are deleted by the reset and come back as deltas.
+- failover_rejoin: as failover_reset, but the snapshot has no agent nor task (a new master
+  leads before its agents re-register): every agent and its tasks come back as deltas.
 - launch: one framework (the scale bench's), N agents; cycles of `core.allocate`, each
   allocation accepted with T tasks of 0.1 cpus / 32 MB; the remainder recovered as the
   shell does; the master's records as it publishes them, in deltas of CHUNK agents' tasks
@@ -155,6 +157,29 @@ def failover_partial(agents: int, per_agent: int) -> tuple[Callable[[], float], 
     return run, len(store) + sum(map(len, back))
 
 
+def failover_rejoin(agents: int, per_agent: int) -> tuple[Callable[[], float], int]:
+    """A new master's first snapshot: the framework (from its registry) and no agent or task
+    (its agents re-register after it leads); then every agent comes back as a delta (its
+    record and its tasks', as the master publishes a re-registration)."""
+    feed, entries = running_feed(agents, per_agent)
+    store = {e.key: e for e in map(copy, entries) if e.key.startswith("frameworks/")}
+    back_of: dict[str, list[bus_pb2.StateEntry]] = {}
+    for e in entries:
+        a = e.key.removeprefix("agents/") if e.key.startswith("agents/") else \
+            e.value.task.agent_id if e.key.startswith("tasks/") else ""
+        if a:
+            back_of.setdefault(a, []).append(copy(e))
+    back = list(back_of.values())
+
+    def run() -> float:
+        feed.reset(store)
+        for d in back:
+            feed.apply(d)
+        assert not feed.waiting and len(feed.applied) == agents * per_agent
+        return 0.0
+    return run, len(store) + sum(map(len, back))
+
+
 def launch(agents: int, per_agent: int) -> tuple[Callable[[], float], int]:
     feed = StreamFeed(AllocatorCore(id_prefix="a1-"))
     feed.reset({e.key: e for e in [*(agent_entry(i, Resources(), US) for i in range(agents)),
@@ -208,7 +233,7 @@ def launch(agents: int, per_agent: int) -> tuple[Callable[[], float], int]:
 
 
 PHASES = {"failover_reset": failover_reset, "failover_deltas": failover_deltas,
-          "failover_partial": failover_partial,
+          "failover_partial": failover_partial, "failover_rejoin": failover_rejoin,
           "launch": launch}
 
 

@@ -198,11 +198,13 @@ class Run:
     """One cluster, N virtual agents, every phase."""
 
     def __init__(self, agents: int, tasks_per_agent: int, window: int | None,
-                 failover: bool = True, update_retry: float = 0.0, spy: str = "") -> None:
+                 failover: bool = True, update_retry: float = 0.0, spy: str = "",
+                 spy_also: tuple[str, ...] = ()) -> None:
         self.n, self.per_agent, self.window = agents, tasks_per_agent, window
         self.do_failover = failover
         self.update_retry = update_retry
         self.spy = spy  # py-spy's path: sample the standby through the failover
+        self.spy_also = spy_also  # more processes sampled through it (by name)
         self.skip_subscribe = False  # only registration, launch and failover
         self.run_dir = Path(tempfile.mkdtemp(prefix=f"offerbus-bench-scale-{agents}-"))
         self.url = ""
@@ -360,7 +362,10 @@ class Run:
 
         standby = next((p for n, p in self.pids().items()
                         if n.startswith("master") and n != name), None)
-        spy = self._spy(standby) if self.spy and standby is not None else None
+        spies = {"standby": self._spy(standby, "standby")} \
+            if self.spy and standby is not None else {}
+        if self.spy:
+            spies |= {n: self._spy(p, n) for n, p in self.pids().items() if n in self.spy_also}
         # The emulator's count of (re-)registration replies: its agents still look
         # registered until it notices the master is gone.
         replies = self.emulator_state()["counts"].get("registered", 0)
@@ -386,8 +391,8 @@ class Run:
                 _wait(recovered, 120 + self.n / 20,
                       "every agent re-registered, every task known")
             finally:
-                if spy is not None:
-                    self._spy_done(spy)
+                for who, spy in spies.items():
+                    self._spy_done(spy, who)
         took = timing[1]
         self.row["failover_leader_s"] = led
         self.row["failover_emulator_registered_s"] = emulator_done[0] if emulator_done else None
@@ -397,25 +402,27 @@ class Run:
                  f"{emulator_done[0] if emulator_done else float('nan'):.2f}s, the new "
                  f"master's metrics show every agent and task {took:.2f}s")
 
-    def _spy(self, pid: int) -> subprocess.Popen[bytes]:
-        """py-spy sampling the standby (the next leader) from before the SIGKILL."""
-        out = self.run_dir / "standby.folded"
+    def _spy(self, pid: int, who: str) -> subprocess.Popen[bytes]:
+        """py-spy sampling `who` (the standby: the next leader) from before the SIGKILL."""
+        out = self.run_dir / f"{who}.folded"
         spy = subprocess.Popen([self.spy, "record", "--pid", str(pid), "--format", "raw",
                                 "--rate", "200", "--nonblocking", "--output", str(out)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(0.5)  # py-spy attaches (not a test: a benchmark's setup)
         return spy
 
-    def _spy_done(self, spy: subprocess.Popen[bytes]) -> None:
+    def _spy_done(self, spy: subprocess.Popen[bytes], who: str) -> None:
         spy.send_signal(signal.SIGINT)
         try:
             spy.wait(30)
         except subprocess.TimeoutExpired:
             spy.kill()
-        folded = self.run_dir / "standby.folded"
+        folded = self.run_dir / f"{who}.folded"
         if folded.exists():
-            self.row["standby_profile"] = folded_summary(folded)
-            progress(f"standby profile (py-spy, samples by own/total frame): {folded}")
+            self.row.setdefault("spy_profiles", {})[who] = folded_summary(folded)
+            if who == "standby":
+                self.row["standby_profile"] = self.row["spy_profiles"][who]
+            progress(f"{who} profile (py-spy, samples by own/total frame): {folded}")
 
     def _leader_id(self) -> str:
         return find_leader(self.url, 10.0).member_id
@@ -443,6 +450,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--spy", nargs="?", const=shutil.which("py-spy") or "py-spy", default="",
                     help="sample the standby master through the failover with py-spy "
                          "(its path; default: on PATH) and print its busiest frames")
+    ap.add_argument("--spy-also", default="",
+                    help="with --spy: more processes to sample through the failover, by name "
+                         f"(comma-separated, of {', '.join(SERVICES)})")
     ap.add_argument("--profile", action="store_true",
                     help="profile every service's reactor (cProfile, bench/profiling) and "
                          "print where each spent its time (a SIGKILLed master leaves none)")
@@ -475,7 +485,8 @@ def main(argv: list[str] | None = None) -> None:
         order = sizes[r % len(sizes):] + sizes[:r % len(sizes)]
         for n in order:
             run = Run(n, args.tasks_per_agent, args.window or None, not args.no_failover,
-                      args.update_retry, args.spy)
+                      args.update_retry, args.spy,
+                      tuple(x for x in args.spy_also.split(",") if x))
             run.skip_subscribe = args.skip_subscribe
             ok = False
             saved = profiling_on(run.run_dir, args.profile, args.gc_stats) \
@@ -548,9 +559,9 @@ def report(rows: list[dict[str, Any]], config: dict[str, Any]) -> None:
                 for tt, nc, where in fns[:5]:
                     print(f"           {tt:>7.2f} {nc:>9} {where}")
     for r in rows:
-        prof = r.get("standby_profile")
-        if prof:
-            print(f"  {r['agents']:>6} standby master through the failover (py-spy samples):")
+        for who, prof in r.get("spy_profiles", {}).items():
+            print(f"  {r['agents']:>6} {'standby master' if who == 'standby' else who} "
+                  "through the failover (py-spy samples):")
             for kind in ("inclusive", "own", "other threads"):
                 print(f"         {kind}:")
                 for n, where in prof[kind][9 if kind == "inclusive" else 0:]:

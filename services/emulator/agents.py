@@ -58,6 +58,11 @@ class VTask:
     wait: float = 0.0  # the head's current wait between sends
     retry_at: float | None = None
     reported: bool = True  # False: an update stream only (unknown task), not re-registered
+    # Its part of a Reregister (the task with its latest state, and its executor),
+    # serialised, for (state, agent id) `wire_of`: made once its state settles (acknowledged),
+    # so a failover's 10,000 Reregisters are joined from bytes, not built field by field.
+    wire: bytes = b""
+    wire_of: tuple[int, str] | None = None
 
     @property
     def key(self) -> Key:
@@ -100,6 +105,7 @@ class AgentsCore:
         self.register_timeout_s, self.max_tasks = register_timeout_s, max_tasks
         self.frameworks: dict[str, common_pb2.FrameworkInfo] = {}
         self._fw_tasks: Counter[str] = Counter()  # live tasks per framework (prunes the above)
+        self._fw_wire: dict[str, bytes] = {}  # each framework's part of a Reregister
         self.by_id: dict[str, str] = {}  # agent id -> name
         self.tasks = 0
         self.counts: Counter[str] = Counter()
@@ -159,21 +165,15 @@ class AgentsCore:
             rr.agent_info.CopyFrom(a.info)
             rr.agent_info.agent_id = a.agent_id
             used: set[str] = set()
+            parts: list[bytes] = []
             for t in a.tasks.values():
-                if not t.reported:
-                    continue
-                used.add(t.framework_id)
-                ex_id = executor_id(t.info.task_id)
-                rt = rr.tasks.add(framework_id=t.framework_id, executor_id=ex_id)
-                rt.task_info.CopyFrom(t.info)
-                rt.latest_status.task_id = t.info.task_id
-                rt.latest_status.state = t.state
-                rt.latest_status.agent_id = a.agent_id
-                rt.latest_status.executor_id = ex_id
-                rr.executors.add(executor_id=ex_id, framework_id=t.framework_id,
-                                 agent_id=a.agent_id, task_ids=[t.info.task_id])
-            rr.frameworks.extend(self.frameworks[f] for f in sorted(used)
-                                 if f in self.frameworks)
+                if t.reported:
+                    used.add(t.framework_id)
+                    parts.append(_wire(t, a.agent_id))
+            parts += [self._fw_wire[f] for f in sorted(used) if f in self._fw_wire]
+            # Each part is a Reregister of one task and its executor, or of one framework:
+            # joined, they parse as the whole (repeated fields append, in order).
+            rr.MergeFromString(b"".join(parts))
         else:
             self.counts["registrations_sent"] += 1
             call.register.agent_info.CopyFrom(a.info)
@@ -285,7 +285,13 @@ class AgentsCore:
     # -- tasks -----------------------------------------------------------------------------
     def _run_tasks(self, a: VAgent, run: agent_pb2.AgentEvent.RunTasks, now: float) -> None:
         for fw in run.frameworks:
-            self.frameworks[fw.framework_id] = fw
+            fid = fw.framework_id
+            if self.frameworks.get(fid) != fw:
+                kept = common_pb2.FrameworkInfo()
+                kept.CopyFrom(fw)
+                self.frameworks[fid] = kept
+                self._fw_wire[fid] = agent_pb2.AgentCall.Reregister(
+                    frameworks=[kept]).SerializeToString()
         for launch in run.launches:
             key = (launch.framework_id, launch.task.task_id)
             if key in a.tasks:
@@ -325,6 +331,7 @@ class AgentsCore:
         if self._fw_tasks[t.framework_id] <= 0:
             del self._fw_tasks[t.framework_id]
             self.frameworks.pop(t.framework_id, None)
+            self._fw_wire.pop(t.framework_id, None)
 
     def _kill(self, a: VAgent, framework_id: str, task_id: str, now: float) -> None:
         t = a.tasks.get((framework_id, task_id))
@@ -389,6 +396,8 @@ class AgentsCore:
             self._dirty.add(a.name)
         elif tasks.is_terminal(t.state):
             self._forget(a, key)
+        elif t.reported:
+            _wire(t, a.agent_id)  # settled: ready for the next re-registration
 
     def _flush(self, now: float) -> list[Command]:
         """One StatusUpdates call per registered agent with ready heads (MAX_BATCH each)."""
@@ -484,6 +493,7 @@ class AgentsCore:
 
     def validate(self) -> None:
         assert self.tasks == sum(len(a.tasks) for a in self.agents.values())
+        assert self._fw_wire.keys() == self.frameworks.keys()
         assert len(self._registering) <= self.window
         assert +self._states == Counter(a.reg.value for a in self.agents.values())
         assert self._running == sum(t.state == tasks.RUNNING for a in self.agents.values()
@@ -500,6 +510,24 @@ class AgentsCore:
 
 def executor_id(task_id: str) -> str:
     return f"{task_id}.emu"
+
+
+def _wire(t: VTask, agent_id: str) -> bytes:
+    """The task's part of its agent's Reregister, serialised (made again when its state
+    or its agent's id changed)."""
+    if t.wire_of != (t.state, agent_id):
+        tid = t.info.task_id
+        ex_id = executor_id(tid)
+        part = agent_pb2.AgentCall.Reregister()
+        rt = part.tasks.add(framework_id=t.framework_id, executor_id=ex_id)
+        rt.task_info.CopyFrom(t.info)
+        status = rt.latest_status
+        status.task_id, status.state, status.agent_id = tid, t.state, agent_id
+        status.executor_id = ex_id
+        part.executors.add(executor_id=ex_id, framework_id=t.framework_id, agent_id=agent_id,
+                           task_ids=[tid])
+        t.wire, t.wire_of = part.SerializeToString(), (t.state, agent_id)
+    return t.wire
 
 
 def task_run_s(info: common_pb2.TaskInfo, default: float) -> float:

@@ -267,3 +267,59 @@ def test_tasks_forgotten_with_their_agent_count_again_from_the_same_records() ->
     feed.reset({e.key: e for e in map(_copy, entries)})
     assert not feed.waiting and used(core, "a1") == 1
     core.validate()
+
+
+def test_an_agents_tasks_that_do_not_all_fit_are_applied_one_by_one() -> None:
+    """An agent's tasks of one framework arriving together are taken as one sum (issue 8:
+    an agent re-registering after a failover brings them all); when the sum does not fit,
+    each is tried on its own, in key order, as before: those that fit count, the rest
+    wait (one notice each) and are retried when room comes back."""
+    core = AllocatorCore()
+    feed = StreamFeed(core)
+    feed.apply([agent("a1", cpus=3), framework("f1"), framework("f2")])
+    feed.apply([task("f1", "t1", "a1"), task("f1", "t2", "a1"), task("f1", "t3", "a1"),
+                task("f1", "t4", "a1"), task("f2", "u1", "a1", cpus=0.5)])
+    assert used(core, "a1") == 3
+    assert feed.waiting == {"tasks/f1/t4", "tasks/f2/u1"}, feed.waiting
+    assert sorted(n.kind for n in feed.notices) == ["usage_waiting", "usage_waiting"]
+    assert core.agents["a1"].used["f1"].scalar("cpus") == 3
+    feed.apply([deleted("tasks/f1/t1")])  # room for one: t4 (f1) or u1 (f2) fit
+    assert used(core, "a1") == 3
+    feed.apply([deleted("tasks/f1/t2"), deleted("tasks/f1/t3")])
+    assert not feed.waiting and used(core, "a1") == 1.5
+    core.validate()
+
+
+def test_an_agents_tasks_back_together_count_once_each() -> None:
+    """Tasks of two frameworks on two agents, arriving in one delta, are each counted once
+    on their own agent and framework."""
+    core = AllocatorCore()
+    feed = StreamFeed(core)
+    feed.apply([agent("a1"), agent("a2"), framework("f1"), framework("f2"),
+                *(task("f1", f"t{i}", "a1", cpus=0.5) for i in range(3)),
+                *(task("f2", f"u{i}", "a1", cpus=0.25) for i in range(2)),
+                *(task("f1", f"v{i}", "a2", cpus=1) for i in range(2))])
+    assert not feed.waiting
+    assert core.agents["a1"].used["f1"].scalar("cpus") == 1.5
+    assert core.agents["a1"].used["f2"].scalar("cpus") == 0.5
+    assert core.agents["a2"].used["f1"].scalar("cpus") == 2
+    assert len(feed.applied) == 7
+    core.validate()
+
+
+def test_each_task_counts_its_own_shape_between_equal_ones() -> None:
+    """Runs of equal shapes are decoded once (issue 8): a task of another shape between
+    them, and a malformed one, still count as their own records say."""
+    core = AllocatorCore()
+    feed = StreamFeed(core)
+    bad = task("f1", "bad", "a1", cpus=1)
+    bad.value.task.task_info.resources[0].scalar = -1.0  # malformed: not counted
+    feed.apply([agent("a1", cpus=8), framework("f1"),
+                task("f1", "t1", "a1", cpus=1), task("f1", "t2", "a1", cpus=1),
+                task("f1", "t3", "a1", cpus=2), bad, task("f1", "t4", "a1", cpus=1),
+                task("f1", "t5", "a1", cpus=0.5)])
+    assert used(core, "a1") == 5.5
+    assert {k: u.resources.scalar("cpus") for k, u in feed.applied.items()} == {
+        "tasks/f1/t1": 1, "tasks/f1/t2": 1, "tasks/f1/t3": 2, "tasks/f1/t4": 1,
+        "tasks/f1/t5": 0.5}
+    core.validate()

@@ -213,6 +213,82 @@ def test_after_a_failover_each_agent_reregisters_with_its_tasks_and_resends() ->
     assert updates(c.master_event("v0", ev, 6.1)) == [("v0", "t1", "TASK_RUNNING")]
 
 
+def expected_reregister(c: AgentsCore, name: str) -> agent_pb2.AgentCall.Reregister:
+    """The Reregister of agent `name` built field by field from what the core knows."""
+    a = c.agents[name]
+    rr = agent_pb2.AgentCall.Reregister()
+    rr.agent_info.CopyFrom(a.info)
+    rr.agent_info.agent_id = a.agent_id
+    for t in a.tasks.values():
+        if not t.reported:
+            continue
+        tid, ex_id = t.info.task_id, f"{t.info.task_id}.emu"
+        rt = rr.tasks.add(framework_id=t.framework_id, executor_id=ex_id)
+        rt.task_info.CopyFrom(t.info)
+        rt.latest_status.task_id, rt.latest_status.state = tid, t.state
+        rt.latest_status.agent_id, rt.latest_status.executor_id = a.agent_id, ex_id
+        rr.executors.add(executor_id=ex_id, framework_id=t.framework_id, agent_id=a.agent_id,
+                         task_ids=[tid])
+    rr.frameworks.append(FW)
+    return rr
+
+
+def test_a_reregistration_reports_each_tasks_latest_state_and_the_agents_id() -> None:
+    """A settled task's part of the Reregister is kept serialised (issue 8): what is sent is
+    still each task's latest state under the agent's current id, after its state changed
+    (a kill not yet acknowledged) and after the agent got another id."""
+    c = registered_core(1)
+    for tid in ("t1", "t2", "t3"):
+        sent = run(c, "v0", tid, 0.0)
+        sent = ack(c, "v0", sent, 0.1)  # STARTING acked, RUNNING sent
+        ack(c, "v0", sent, 0.2)  # RUNNING acked: settled
+    (first,) = calls(c.master_detected(1.0))
+    assert first.call.reregister == expected_reregister(c, "v0")
+    assert {tasks.name(t.latest_status.state) for t in first.call.reregister.tasks} == {
+        "TASK_RUNNING"}
+    ev = Event()
+    ev.reregistered.agent_id = "S-v0"
+    c.master_event("v0", ev, 1.1)
+    ev = Event()
+    ev.kill_task.framework_id, ev.kill_task.task_id = "F1", "t2"
+    c.master_event("v0", ev, 1.2)  # KILLED, not acknowledged
+    c.master_lost(2.0)
+    (again,) = calls(c.master_detected(3.0))
+    assert again.call.reregister == expected_reregister(c, "v0")
+    assert [tasks.name(t.latest_status.state) for t in again.call.reregister.tasks] == [
+        "TASK_RUNNING", "TASK_KILLED", "TASK_RUNNING"]
+    ev = Event()
+    ev.reregistered.agent_id = "S-other"  # the master gave it another id
+    c.master_event("v0", ev, 3.1)
+    c.master_lost(4.0)
+    (third,) = calls(c.master_detected(5.0))
+    assert third.call.agent_id == "S-other"
+    assert third.call.reregister == expected_reregister(c, "v0")
+    assert {t.latest_status.agent_id for t in third.call.reregister.tasks} == {"S-other"}
+    assert {e.agent_id for e in third.call.reregister.executors} == {"S-other"}
+
+
+def test_a_reregistration_reports_the_latest_framework_info() -> None:
+    """The frameworks a re-registration reports are as the last RunTasks gave them (each
+    kept serialised, made again when it changes), and only those of the agent's tasks."""
+    c = registered_core(2)
+    run(c, "v0", "t1", 0.0)
+    ev = Event()
+    ev.run_tasks.frameworks.add(framework_id="F1", name="renamed", role="web")
+    ev.run_tasks.frameworks.add(framework_id="F2", name="other")
+    ev.run_tasks.launches.add(framework_id="F1").task.task_id = "t2"
+    ev.run_tasks.launches.add(framework_id="F2").task.task_id = "u1"
+    c.master_event("v1", ev, 0.1)
+    c.master_lost(1.0)
+    by = {x.channel: x.call.reregister for x in calls(c.master_detected(2.0))}
+    assert [(f.framework_id, f.name, f.role) for f in by["v0"].frameworks] == [
+        ("F1", "renamed", "web")]
+    assert [(f.framework_id, f.name) for f in by["v1"].frameworks] == [
+        ("F1", "renamed"), ("F2", "other")]
+    assert [t.task_info.task_id for t in by["v1"].tasks] == ["t2", "u1"]
+    c.validate()
+
+
 def test_not_registered_makes_only_that_agent_register_again() -> None:
     c = registered_core(3)
     again = calls(c.master_error("v1", bus_pb2.NOT_REGISTERED, 1.0))
