@@ -17,7 +17,7 @@ and nothing is tracked."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 from services.allocator.model import Agent
 
@@ -57,12 +57,6 @@ class Fanout:
             self.held_back.add(fid)
             return True
         return False
-
-    def all_held_back(self, fids: Iterable[str], agent: Agent) -> bool:
-        """Every one of these frameworks was passed over at its bound and may not be offered
-        this agent either (an idle agent visited only for them is left as it is)."""
-        held_back, offered = self.held_back, agent.offered
-        return all(fid in held_back and fid not in offered for fid in fids)
 
     def at_bound(self, fid: str) -> bool:
         on = self.on.get(fid)
