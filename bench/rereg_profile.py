@@ -28,10 +28,10 @@ from services import tasks
 from services.bus import codec
 from services.emulator.agents import AgentsCore, ToMaster
 from services.emulator.shell import AGENT_RESOURCES
-from services.master.__main__ import GC_YOUNG_THRESHOLD
 from services.master.commands import Publish, ToAgent
 from services.master.core import MasterCore
 from services.resources import Resources
+from services.shell.process import GC_YOUNG_THRESHOLD
 
 T0 = 1_700_000_000.0
 TASK = Resources.parse("cpus:0.1;mem:32")

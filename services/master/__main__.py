@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import socket
 import sys
 from typing import Any
@@ -11,12 +10,6 @@ from services.master.liveness import AGENT_GONE_TIMEOUT_S, AGENT_TIMEOUT_S, MAX_
 from services.master.shell import MasterConfig, MasterShell
 from services.shell.config import Option, common_fields
 from services.shell.process import main as run_service
-
-# Allocations between two young-generation collections (CPython's default: 700). A failover
-# rebuilds every task record at once (100,000 at 10k agents): at the default, the collector
-# took a quarter of the new leader's CPU through the re-registrations (issue 8); the older
-# generations keep their thresholds.
-GC_YOUNG_THRESHOLD = 10_000
 
 OPTIONS = (
     Option("id", default=f"master-{socket.gethostname()}", help="this master's id"),
@@ -67,7 +60,6 @@ def build(v: dict[str, Any]) -> MasterShell:
 
 
 def main(argv: list[str] | None = None) -> int:
-    gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
     return run_service("master", OPTIONS, build, argv, __doc__)
 
 
