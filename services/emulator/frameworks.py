@@ -98,7 +98,7 @@ class OfferPolicy:
     def stale(self) -> list[tuple[str, str]]:
         """(task, agent) of the tasks launched in an earlier subscription, unheard of since:
         their launch may have died with a master (the master answers what became of them)."""
-        return [(t, a) for t, (a, g) in sorted(self.unseen.items()) if g < self.generation]
+        return sorted((t, a) for t, (a, g) in self.unseen.items() if g < self.generation)
 
     def offers(self, offers: Sequence[common_pb2.Offer]) -> list[Launch | Decline]:
         out: list[Launch | Decline] = []
@@ -187,9 +187,10 @@ class EmulatedFramework(Scheduler):
         with self.lock:
             if now - self.reconciled_at < RECONCILE_S:
                 return
+            # Looked for at most every RECONCILE_S, found or not (a look walks every task
+            # not yet heard of: thousands while a large launch is under way).
+            self.reconciled_at = now
             stale = self.policy.stale()
-            if stale:
-                self.reconciled_at = now
         if stale:
             log.info("reconciling", name=self.policy.name, tasks=len(stale))
             driver.reconcile(stale)
