@@ -473,7 +473,7 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"--trace-sample: a ratio from 0 to 1 (got {args.trace_sample})")
     traces = sampling(args.trace_sample)
     # A SIGTERM (a timeout, `kill`) unwinds like Ctrl-C, so each cluster is taken down.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    signal.signal(signal.SIGTERM, local_cluster.exit_on_signal)
     if args.spy and not shutil.which(args.spy):
         ap.error(f"--spy: no py-spy at {args.spy!r} (give its path)")
     sizes = [int(x) for x in args.agents.split(",") if x]

@@ -31,6 +31,20 @@ STATE_PARTS = ("zk", "election", "agents", "frameworks", "traces", "pids")
 CENTRAL = ("master", "allocator", "broker")  # the elected roles, each `python -m services.<role>`
 # Processes this process started, by (run dir, name): a cluster's own are checked and reaped.
 _children: dict[tuple[Path, str], subprocess.Popen[bytes]] = {}
+_spawning = 0  # spawns under way: a stop signal waits for them (`exit_on_signal`)
+_signalled: list[int] = []  # a stop signal that came during one
+
+
+def exit_on_signal(signum: int, _frame: Any = None) -> None:
+    """A SIGTERM/SIGINT handler for a process that starts a cluster (bench.scale): exit
+    (so `finally` takes the cluster down), but not in the middle of a `spawn`, whose child
+    would then run on unrecorded, where no `down` finds it (a bench terminated right
+    after its cluster came up left its agent emulator running); it exits once the pid is
+    written."""
+    if _spawning:
+        _signalled.append(signum)
+        return
+    sys.exit(128 + signum)
 
 
 @dataclass
@@ -171,15 +185,22 @@ def spawn(run_dir: Path, name: str, argv: list[str], env: dict[str, str] | None 
     child_env = {k: v for k, v in os.environ.items() if k != "OFFERBUS_TRACES_FILE"}
     child_env.update({"OFFERBUS_TRACES_DIR": str(traces_dir(run_dir)), **(env or {})})
     _pids_dir(run_dir).mkdir(parents=True, exist_ok=True)
-    log = open(run_dir / "logs" / f"{name}.log", "ab")  # noqa: SIM115 (kept by the child)
-    proc = subprocess.Popen([sys.executable, *argv], stdout=log, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True,
-                            cwd=Path.cwd(), env=child_env)
-    log.close()
-    (_pids_dir(run_dir) / f"{name}.pid").write_text(str(proc.pid))
-    (_pids_dir(run_dir) / f"{name}.argv").write_text(json.dumps({"argv": argv,
-                                                                  "env": env or {}}))
-    _children[(run_dir.resolve(), name)] = proc
+    global _spawning
+    _spawning += 1
+    try:
+        log = open(run_dir / "logs" / f"{name}.log", "ab")  # noqa: SIM115 (kept by the child)
+        proc = subprocess.Popen([sys.executable, *argv], stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True,
+                                cwd=Path.cwd(), env=child_env)
+        log.close()
+        (_pids_dir(run_dir) / f"{name}.pid").write_text(str(proc.pid))
+        (_pids_dir(run_dir) / f"{name}.argv").write_text(json.dumps({"argv": argv,
+                                                                      "env": env or {}}))
+        _children[(run_dir.resolve(), name)] = proc
+    finally:
+        _spawning -= 1
+    if not _spawning and _signalled:
+        sys.exit(128 + _signalled.pop())
     return proc.pid
 
 

@@ -116,8 +116,25 @@ def test_a_terminated_scale_bench_takes_its_cluster_down() -> None:
         proc.communicate(timeout=60)
         assert wait_for(lambda: not local_cluster.running(run_dir), 30,
                         message="the cluster outlived its bench")
+        # ... nor any process it started and did not record (its emulator once ran on).
+        assert wait_for(lambda: not _processes_of(run_dir), 30,
+                        message=lambda: f"left running: {_processes_of(run_dir)}")
     finally:
         if proc.poll() is None:
             proc.kill()
         if run_dir is not None and local_cluster.running(run_dir):
             local_cluster.down(run_dir)
+
+
+def _processes_of(run_dir: Path) -> list[int]:
+    """Live processes started for `run_dir` (the traces folder in their environment)."""
+    mark = f"OFFERBUS_TRACES_DIR={run_dir / 'traces'}".encode()
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if mark in (proc / "environ").read_bytes().split(b"\0"):
+                    found.append(int(proc.name))
+            except OSError:
+                continue
+    return found
