@@ -4,6 +4,7 @@ state: the caller passes the time in, so tests fast-forward it."""
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 
@@ -129,6 +130,11 @@ class ChannelTable:
     def routing_id(self, peer: bytes) -> bytes:
         """The connection of `peer` (a composite peer seen, else `peer` itself)."""
         return self._of.get(peer, peer)
+
+    def routing_ids(self, peers: Iterable[bytes]) -> Iterator[tuple[bytes, bytes]]:
+        """(peer, its connection) for each of `peers`, as `routing_id` says."""
+        of = self._of.get
+        return ((p, of(p, p)) for p in peers)
 
     def channel(self, peer: bytes) -> str:
         rid = self._of.get(peer)

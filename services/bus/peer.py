@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import zmq
@@ -281,6 +281,22 @@ class RouterServer(_Endpoint):
         clock), or None when it is not known (never heard, or gone)."""
         live = self.peers.peers.get(self.channels.routing_id(peer))
         return None if live is None else live.last_heard
+
+    def last_heard_of(self, peers: Iterable[bytes]) -> dict[bytes, float]:
+        """`last_heard` of each of `peers` that is known, each connection looked up once
+        (the master asks it of all its agents: 10,000 channels of one emulator)."""
+        conns = self.peers.peers
+        at_of: dict[bytes, float | None] = {}
+        out: dict[bytes, float] = {}
+        for peer, rid in self.channels.routing_ids(peers):
+            if rid in at_of:
+                at = at_of[rid]
+            else:
+                live = conns.get(rid)
+                at = at_of[rid] = None if live is None else live.last_heard
+            if at is not None:
+                out[peer] = at
+        return out
 
     def principal(self, peer: bytes) -> str | None:
         """The ZAP User-Id of `peer`'s connection (a composite peer's too): the principal

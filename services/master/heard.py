@@ -60,16 +60,11 @@ class LivenessReporter:
             return
         self._reported_at = mono
         complete = not int(self.front.sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN
-        wall = self.driver.now()
-        heard: dict[bytes, float] = {}
-        last: dict[bytes, float] = {}
-        for peer in core.watched_peers():  # an agent's connection, or its channel on one
-            at = self.front.last_heard(peer)
-            if at is None:
-                continue
-            last[peer] = at
-            if self._last.get(peer) != at:
-                heard[peer] = wall - (mono - at)
+        offset = self.driver.now() - mono  # reactor clock -> wall clock
+        # An agent's connection, or its channel on one (the emulator's agents).
+        last = self.front.last_heard_of(core.watched_peers())
+        before = self._last
+        heard = {peer: at + offset for peer, at in last.items() if before.get(peer) != at}
         self._last = last
         self.reports += 1
         self.incomplete += not complete

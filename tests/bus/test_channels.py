@@ -78,6 +78,10 @@ def test_each_channel_is_its_own_peer_and_is_answered_on_its_channel(
         # Liveness is the connection's, whichever channel asks.
         assert pair.server.last_heard(peers[0]) == pair.server.last_heard(rid) is not None
         assert pair.server.last_heard(b"nobody") is None
+        # ... and so says the lookup of many at once (the master's liveness report).
+        asked = [peers[0], peers[1], rid, b"nobody"]
+        assert pair.server.last_heard_of(asked) == {
+            p: pair.server.last_heard(p) for p in asked if p != b"nobody"}
     finally:
         pair.close()
 
