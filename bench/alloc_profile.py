@@ -21,13 +21,10 @@ worktree's: run it at two commits to compare them (alternately)."""
 
 from __future__ import annotations
 
-import argparse
-import cProfile
-import gc
-import pstats
 import time
 from collections.abc import Callable
 
+from bench import inprocess
 from schemas import bus_pb2, common_pb2, state_pb2
 from services.allocator.core import AllocatorCore
 from services.allocator.feed import StreamFeed, norm
@@ -146,13 +143,18 @@ def failover_partial(agents: int, per_agent: int) -> tuple[Callable[[], float], 
             e.value.task.agent_id if e.key.startswith("tasks/") else ""
         if a in back_of:
             back_of[a].append(copy(e))
-    back = list(back_of.values())
+    return _rejoin(feed, store, list(back_of.values()), agents * per_agent)
 
+
+def _rejoin(feed: StreamFeed, store: dict[str, bus_pb2.StateEntry],
+            back: list[list[bus_pb2.StateEntry]], tasks: int
+            ) -> tuple[Callable[[], float], int]:
+    """A run: the new master's snapshot `store`, then the agents coming `back` as deltas."""
     def run() -> float:
         feed.reset(store)
         for d in back:
             feed.apply(d)
-        assert not feed.waiting and len(feed.applied) == agents * per_agent
+        assert not feed.waiting and len(feed.applied) == tasks
         return 0.0
     return run, len(store) + sum(map(len, back))
 
@@ -169,15 +171,7 @@ def failover_rejoin(agents: int, per_agent: int) -> tuple[Callable[[], float], i
             e.value.task.agent_id if e.key.startswith("tasks/") else ""
         if a:
             back_of.setdefault(a, []).append(copy(e))
-    back = list(back_of.values())
-
-    def run() -> float:
-        feed.reset(store)
-        for d in back:
-            feed.apply(d)
-        assert not feed.waiting and len(feed.applied) == agents * per_agent
-        return 0.0
-    return run, len(store) + sum(map(len, back))
+    return _rejoin(feed, store, list(back_of.values()), agents * per_agent)
 
 
 def launch(agents: int, per_agent: int) -> tuple[Callable[[], float], int]:
@@ -238,30 +232,7 @@ PHASES = {"failover_reset": failover_reset, "failover_deltas": failover_deltas,
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--agents", type=int, default=10000)
-    ap.add_argument("--tasks-per-agent", type=int, default=10)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--phases", default=",".join(PHASES))
-    ap.add_argument("--profile", default="", help="a phase to profile (cProfile, once)")
-    args = ap.parse_args()
-    print(f"alloc_profile: {args.agents} agents x {args.tasks_per_agent} tasks, "
-          f"min of {args.repeat}")
-    print(f"{'phase':<16} {'cpu_s':>8} {'items':>8} {'us/item':>8}")
-    for name in args.phases.split(","):
-        best, items = float("inf"), 0
-        for _ in range(args.repeat):
-            run, items = PHASES[name](args.agents, args.tasks_per_agent)
-            gc.collect()
-            t0 = time.process_time()
-            excluded = run()
-            best = min(best, time.process_time() - t0 - (excluded or 0.0))
-        print(f"{name:<16} {best:8.3f} {items:8d} {best / items * 1e6:8.1f}")
-    if args.profile:
-        run, _ = PHASES[args.profile](args.agents, args.tasks_per_agent)
-        prof = cProfile.Profile()
-        prof.runcall(run)
-        pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+    inprocess.main("alloc_profile", __doc__ or "", PHASES, agents=10000, item="item")
 
 
 if __name__ == "__main__":

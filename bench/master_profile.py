@@ -15,14 +15,10 @@ run it at two commits to compare them (alternately)."""
 
 from __future__ import annotations
 
-import argparse
-import cProfile
-import gc
-import pstats
-import time
 from collections.abc import Callable
 from typing import Any
 
+from bench import inprocess
 from schemas import agent_pb2, common_pb2, internal_pb2, scheduler_pb2
 from services.bus import codec
 from services.bus.stream_core import PublisherCore
@@ -137,34 +133,14 @@ def round_of(agents: int, per_agent: int, parts: tuple[str, ...]
     return run, agents * per_agent
 
 
-PHASES: dict[str, tuple[str, ...]] = {"launch": (), "requests": ("requests",)}
+PHASES: dict[str, inprocess.Phase] = {
+    "launch": lambda agents, per_agent: round_of(agents, per_agent, ()),
+    "requests": lambda agents, per_agent: round_of(agents, per_agent, ("requests",))}
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--agents", type=int, default=1000)
-    ap.add_argument("--tasks-per-agent", type=int, default=10)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--phases", default=",".join(PHASES))
-    ap.add_argument("--profile", default="", help="a phase to profile (cProfile, once)")
-    args = ap.parse_args()
-    print(f"master_profile: {args.agents} agents x {args.tasks_per_agent} tasks, "
-          f"min of {args.repeat}")
-    print(f"{'phase':<16} {'cpu_s':>8} {'tasks':>8} {'us/task':>8}")
-    for name in args.phases.split(","):
-        best, items = float("inf"), 0
-        for _ in range(args.repeat):
-            run, items = round_of(args.agents, args.tasks_per_agent, PHASES[name])
-            gc.collect()
-            t0 = time.process_time()
-            run()
-            best = min(best, time.process_time() - t0)
-        print(f"{name:<16} {best:8.3f} {items:8d} {best / items * 1e6:8.1f}")
-    if args.profile:
-        run, _ = round_of(args.agents, args.tasks_per_agent, PHASES[args.profile])
-        prof = cProfile.Profile()
-        prof.runcall(run)
-        pstats.Stats(prof).sort_stats("tottime").print_stats(30)
+    inprocess.main("master_profile", __doc__ or "", PHASES, agents=1000, item="task",
+                   profile_lines=30)
 
 
 if __name__ == "__main__":

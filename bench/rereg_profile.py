@@ -21,7 +21,9 @@ import cProfile
 import gc
 import pstats
 import time
-from typing import Any
+from collections.abc import Callable
+from functools import partial
+from typing import Any, TypeVar
 
 from schemas import agent_pb2, common_pb2, scheduler_pb2
 from services import tasks
@@ -33,6 +35,7 @@ from services.master.core import MasterCore
 from services.resources import Resources
 from services.shell.process import GC_YOUNG_THRESHOLD
 
+T = TypeVar("T")
 T0 = 1_700_000_000.0
 TASK = Resources.parse("cpus:0.1;mem:32")
 
@@ -133,25 +136,9 @@ def main() -> None:
         gc.freeze()  # the setup's heap: not scanned by the collections measured
         if args.gc == "off":
             gc.disable()
-        prof = cProfile.Profile() if args.profile == "emulator" else None
-        started = time.process_time()
-        if prof:
-            prof.enable()
-        calls = emulator_side(emu, n)
-        if prof:
-            prof.disable()
-            pstats.Stats(prof).sort_stats("tottime").print_stats(25)
-        best["emulator"] = min(best.get("emulator", 1e9), time.process_time() - started)
+        calls = _timed(best, "emulator", args.profile, partial(emulator_side, emu, n))
         gc.collect()
-        prof = cProfile.Profile() if args.profile == "master" else None
-        started = time.process_time()
-        if prof:
-            prof.enable()
-        new = master_side(registry, calls)
-        if prof:
-            prof.disable()
-            pstats.Stats(prof).sort_stats("tottime").print_stats(30)
-        best["master"] = min(best.get("master", 1e9), time.process_time() - started)
+        new = _timed(best, "master", args.profile, partial(master_side, registry, calls))
         running = sum(1 for x in new.tasks.values() if x.state == tasks.RUNNING)
         assert running == n * t, (running, n * t)
         assert all(a.status == 1 for a in new.agents.values())
@@ -162,6 +149,22 @@ def main() -> None:
     print(f"{n} agents x {t} tasks, min of {args.repeat} (CPU seconds; us per agent):")
     for side, s in best.items():
         print(f"  {side:<9} {s:6.2f} s  {s / n * 1e6:7.0f} us/agent")
+
+
+def _timed(best: dict[str, float], side: str, profiled: str, fn: Callable[[], T]) -> T:
+    """`fn()`, its CPU seconds kept in `best[side]` (the least so far); profiled (cProfile,
+    printed) when `profiled` names this side."""
+    prof = cProfile.Profile() if profiled == side else None
+    started = time.process_time()
+    if prof:
+        prof.enable()
+    out = fn()
+    if prof:
+        prof.disable()
+    best[side] = min(best.get(side, 1e9), time.process_time() - started)
+    if prof:
+        pstats.Stats(prof).sort_stats("tottime").print_stats(30)
+    return out
 
 
 if __name__ == "__main__":

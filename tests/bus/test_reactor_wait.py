@@ -18,14 +18,7 @@ def test_a_timer_under_a_millisecond_away_is_waited_for_not_spun_on() -> None:
     sock.bind("inproc://reactor-wait")
     reactor = Reactor()
     reactor.add_reader(sock, lambda: None)
-    polls: list[int] = []
-    poll = reactor._poller.poll
-
-    def counted(timeout: Any = None) -> Any:
-        polls.append(timeout)
-        return poll(timeout)
-
-    reactor._poller.poll = counted  # type: ignore[method-assign]
+    polls = _count_polls(reactor)
     fired: list[float] = []
     for i in range(20):
         at = reactor.clock() + 0.0004
@@ -39,7 +32,18 @@ def test_a_timer_under_a_millisecond_away_is_waited_for_not_spun_on() -> None:
 
 def test_a_reactor_reading_nothing_sleeps_until_its_timer() -> None:
     reactor = Reactor()  # zmq_poll of no item returns at once, whatever its timeout
-    polls: list[int] = []
+    polls = _count_polls(reactor)
+    fired: list[float] = []
+    at = reactor.clock() + 0.005
+    reactor.call_at(at, lambda: fired.append(reactor.clock() - at))
+    reactor.run(until=lambda: bool(fired), timeout=5)
+    assert fired and fired[0] >= 0
+    assert len(polls) <= 3, f"{len(polls)} polls for one timer: spinning"
+
+
+def _count_polls(reactor: Reactor) -> list[Any]:
+    """The timeouts of the reactor's polls from now on."""
+    polls: list[Any] = []
     poll = reactor._poller.poll
 
     def counted(timeout: Any = None) -> Any:
@@ -47,9 +51,4 @@ def test_a_reactor_reading_nothing_sleeps_until_its_timer() -> None:
         return poll(timeout)
 
     reactor._poller.poll = counted  # type: ignore[method-assign]
-    fired: list[float] = []
-    at = reactor.clock() + 0.005
-    reactor.call_at(at, lambda: fired.append(reactor.clock() - at))
-    reactor.run(until=lambda: bool(fired), timeout=5)
-    assert fired and fired[0] >= 0
-    assert len(polls) <= 3, f"{len(polls)} polls for one timer: spinning"
+    return polls
