@@ -79,8 +79,14 @@ def running(cluster: Cluster, prefix: str) -> set[str]:
 def test_only_revocable_tasks_are_revoked(cluster: Cluster) -> None:
     b, a = greedy("b", 4), greedy("a", 2)
     drivers = [SchedulerDriver(b, framework("b", "role-b"), cluster.url)]
-    drivers[0].start()
+    # Its demand known before its first offer: subscribed suppressed, with the demand sent
+    # first (the driver sends it on Subscribed), then revived. Started unsuppressed, the
+    # allocator could offer the agent before the demand came, and nothing was revocable.
+    drivers[0].suppress()
     drivers[0].request([demand(TASK, 4)])
+    drivers[0].start()
+    wait_for(lambda: b.framework_id, 30, message="b never subscribed")
+    drivers[0].revive()
 
     def report() -> str:
         return "".join(f"{tid} {t['status']['state']} revocable={t['task_info'].get('revocable')}"
