@@ -88,13 +88,13 @@ class Reactor:
         wait = max_wait
         if self._timers:
             wait = max(0.0, min(wait, self._timers[0].when - self.clock()))
-        # Rounded up: a wait under a millisecond rounded down is a poll(0) that returns at
-        # once, again and again until the timer is due (a spin); the timer fires at most a
-        # millisecond late instead.
         if not self._handlers:  # zmq_poll of nothing returns at once, whatever the timeout
             time.sleep(wait)
             events = []
         else:
+            # Rounded up: a wait under a millisecond rounded down is a poll(0) that returns
+            # at once, again and again until the timer is due (a spin); the timer fires at
+            # most a millisecond late instead.
             events = self._poller.poll(math.ceil(wait * 1000) if wait > 0 else 0)
         for key, _ in events:
             handler = self._handlers.get(key)
