@@ -467,6 +467,9 @@ class AllocatorCore:
         got = {a.framework_id for a in allocations}
         for fid in got:
             self._forget_wants(fid)
+        if self.quotas.roles:  # under quotas, wanting depends on other roles' demand too
+            touched.update(f for f, fw in fws.items() if fw.demands and f not in touched
+                           and (f in self._wanting) is not self._wants(f))
         for fid in touched - got:
             if self._wants(fid):
                 self._wanting.add(fid)

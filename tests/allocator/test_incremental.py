@@ -157,6 +157,35 @@ def test_decline_rounds_match_a_full_scan(refuse: float) -> None:
     assert _plain(ci) == _plain(cf)
 
 
+def test_a_guarantee_elsewhere_coming_and_going_reevaluates_who_reclaims() -> None:
+    """Whether a framework wants (and reclaims) depends, under quotas, on other roles: a
+    framework of a guaranteed role arriving sets the free pool aside, so one of another role
+    stops wanting and its reclaim is dropped; that framework leaving makes it want again and
+    reclaim anew. Neither event concerns the wanting framework, yet a full scan sees both
+    (found by the machine below: an incremental core kept the old reclaim's deadline)."""
+    agent = Resources.of(cpus=0.5, mem=16, ports=[(31000, 31000)]) + Resources.of(
+        role="a", cpus=1, mem=256)
+    trace = []
+    for core in (AllocatorCore(), AllocatorCore(incremental=False)):
+        for fid in ("f1", "f2", "f3"):
+            core.framework_added(fid, "a")
+        core.set_quota("a/x", {"cpus": 1.0}, None)
+        core.agent_added("a1", "h1", agent)
+        core.demand("f3", [Shape.of(Resources.of(cpus=0.5, mem=64), 1, 0)])
+        first = core.allocate(0.0)  # f1 is offered the agent, f3 reclaims from it
+        core.framework_added("fx", "a/x")
+        second = core.allocate(0.0)
+        deadline = core.next_deadline(0.0)
+        core.framework_deactivated("fx")
+        third = core.allocate(1.0)
+        core.validate()
+        trace.append([_plain(first), _plain(second), deadline, _plain(third)])
+    incremental, full = trace
+    assert full[0][-1] == ("reclaim", "f1", "a1", "f3") and full[2] is None
+    assert full[3] == [("reclaim", "f1", "a1", "f3")]
+    assert incremental == full
+
+
 def _plain(cycle: Cycle) -> list[tuple[str, ...]]:
     return [(a.allocation_id, a.agent_id, a.framework_id, str(a.resources))
             for a in cycle.allocations] + [
