@@ -9,7 +9,9 @@ or a long one (a year). Per size and filter, timed are `allocate(now)` calls onl
 - steady: one more cycle at once, nothing changed since the last (the offers are held);
 - churn: then the offers of 1% of the agents declined, one cycle;
 - saturated: every framework filtered on every agent (a year), one cycle to see it, then
-  a steady one (only where N x F <= SATURATED_MAX: a filter object each).
+  a steady one (only where N x F <= SATURATED_MAX: a filter object each);
+- short-g: the same, with one more framework, of role g, whose quota guarantee can never
+  be met (its tasks fit no agent): the free pool stays set aside for g.
 
 Peers measured in the same run, taking turns going first: `full` (the core visiting every
 agent and framework each cycle, as the pre-incremental algorithm did) and `incremental`
@@ -34,6 +36,7 @@ from typing import Any
 
 from bench.report import progress, write
 from services.allocator.core import AllocatorCore
+from services.allocator.fill import Shape
 from services.resources import Resources
 
 SIZES = ((1000, 100), (1000, 1000), (10000, 100), (10000, 1000), (50000, 100), (50000, 1000))
@@ -126,9 +129,16 @@ def run_decline(peer: str, agents: int, frameworks: int, refuse: float | None
             "churn_s": churn, "churn_declined": churned, "churn_offers": len(cycle.allocations)}
 
 
-def run_saturated(peer: str, agents: int, frameworks: int) -> dict[str, Any]:
+def run_saturated(peer: str, agents: int, frameworks: int, short: bool = False
+                  ) -> dict[str, Any]:
+    """`short`: also a framework of role g whose guarantee can never be met (it declares
+    tasks larger than any agent), so the free pool stays set aside for g."""
     core = make_core(peer)
     populate(core, agents, frameworks)
+    if short:
+        core.framework_added("fw-g", "g")
+        core.demand("fw-g", [Shape.of(Resources.of(cpus=64, mem=64), 1, 0)])
+        core.set_quota("g", {"cpus": 1_000_000.0}, None)
     now = 1000.0
     until = now + FILTERS["long"]  # type: ignore[operator]
     for j in range(frameworks):
@@ -217,12 +227,16 @@ def main(sizes: tuple[tuple[int, int], ...] | None = None,
         if n * f <= (SATURATED_MAX_BASELINE if "baseline" in peers else SATURATED_MAX):
             order = peers[turn % len(peers):] + peers[:turn % len(peers)]
             turn += 1
-            for peer in order:
-                row = {"agents": n, "frameworks": f, "filter": "saturated", "peer": peer,
-                       **run_saturated(peer, n, f)}
-                runs.append(row)
-                progress(f"{n}x{f} saturated {peer:<11} first {row['first_s'] * 1e3:8.1f} ms"
-                         f"  steady {row['steady_s'] * 1e3:8.3f} ms")
+            for short in (False, True):
+                for peer in order:
+                    kind = "short-g" if short else "saturated"
+                    row = {"agents": n, "frameworks": f, "filter": kind, "peer": peer,
+                           **run_saturated(peer, n, f, short)}
+                    runs.append(row)
+                    progress(f"{n}x{f} {kind:<9} {peer:<11} first "
+                             f"{row['first_s'] * 1e3:8.1f} ms  steady "
+                             f"{row['steady_s'] * 1e3:8.3f} ms")
+                order = order[::-1]
     mem = memory(*MEMORY_SIZE, peer=peers[-1])
     progress(f"memory at {MEMORY_SIZE[0]}x{MEMORY_SIZE[1]}: {mem['bytes_per_agent']:.0f} "
              f"B/agent, {mem['bytes_per_framework']:.0f} B/framework, "

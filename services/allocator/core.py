@@ -31,10 +31,13 @@ from services.allocator.model import (
 from services.allocator.quota import (
     Quotas,
     QuotaSpec,
+    Rooms,
     apply,
     demanding_roles,
+    guard_rooms,
     guarded,
     quota_vector,
+    rooms_grew,
 )
 from services.allocator.reclaim import Plan
 from services.allocator.reclaim import plan as plan_reclaims
@@ -92,9 +95,14 @@ class AllocatorCore:
         self.weights: dict[str, float] = {}  # role -> weight; absent = 1.0
         self.quotas = Quotas()  # role -> guarantee and limit (quota.py)
         # A role with demand was below its guarantee in the last cycle: free resources may
-        # have been refused for it, so the next cycle visits the idle agents again. The
-        # roles with demand are those at the start of the cycle.
+        # have been refused for it. The next cycle visits the idle agents again if some were
+        # (`_guard_refused`, since the idle agents were last all visited) and either no role
+        # is below its guarantee now or some role may take more than as the last cycle
+        # ended (`_end_rooms`: rooms only shrink while a cycle allocates, so a refusal made
+        # in it stands otherwise). The roles with demand are those at the cycle's start.
         self._guarded = False
+        self._end_rooms: Rooms = {}
+        self._guard_refused = False
         self._demanding: set[str] | None = None
         self._declared = 0  # frameworks that declared demand (none: the cycle is Mesos's)
         self.filters = DeclineFilters()
@@ -425,12 +433,13 @@ class AllocatorCore:
         if not self.incremental:
             self._dirty.update(self.agents)
             self._touched.update(self.frameworks)
-        self._demanding = None
-        if self._guarded:
-            self._dirty |= self._idle  # offers refused for a guarantee may be due now
-        if self.quotas.guaranteed:
-            self._demanding = demanding_roles(self)
+        self._demanding = demanding_roles(self) if self.quotas.guaranteed else None
+        was_guarded = self._guarded
         self._guarded = self._demanding is not None and guarded(self, self._demanding)
+        if was_guarded and self._guard_refused and (not self._guarded or rooms_grew(
+                guard_rooms(self, self._demanding or set()), self._end_rooms)):
+            self._dirty |= self._idle  # offers refused for a guarantee may be due now
+            self._guard_refused = False  # this cycle's visits say it again if still so
         fws = self.frameworks
         fresh = {f for f in self._fresh if fws[f].active and not fws[f].suppressed}
         notes: dict[str, Notes] = {}
@@ -439,6 +448,7 @@ class AllocatorCore:
         if self._dirty or (fresh and self._idle):
             visited = visit(self, fresh, notes, allocations, now)
         self._dirty, self._fresh = set(), set()
+        self._end_rooms = guard_rooms(self, self._demanding or set()) if self._guarded else {}
         touched, self._touched = self._touched.union(notes), set()
         plan = self._plan_reclaims(fresh, touched, allocations, bool(visited), now)
         remade = []

@@ -176,6 +176,7 @@ def _fill(core: AllocatorCore, agent: Agent, lists: tuple[Order, Order], fresh: 
             limited, why = apply(core, fw, take, core._demanding)
             if why:  # cut or refused; cut, it may come back for what its quota leaves
                 note.quota = note.quota or why
+                core._guard_refused |= core._guarded  # may be lifted as a room grows
                 if limited is None and j is not None and not whole:
                     forced = j  # its headroom, all beyond its quota: the next one first
                     continue

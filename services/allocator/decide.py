@@ -15,7 +15,14 @@ from typing import TYPE_CHECKING
 
 from services.allocator.fill import next_unit, take_unit, usable
 from services.allocator.model import Decision, Framework, Notes, Outcome
-from services.allocator.quota import apply, describe, exhausted, limit_room, shortfalls
+from services.allocator.quota import (
+    apply,
+    describe,
+    exhausted,
+    guard_room,
+    limit_room,
+    shortfalls,
+)
 from services.resources import MILLI, Resources
 
 if TYPE_CHECKING:
@@ -77,7 +84,7 @@ def decide(core: AllocatorCore, fw: Framework, note: Notes | None, any_offered: 
         elif fw.framework_id in core.fanout.held_back:
             outcome = Outcome.FAIR_SHARE
             reason = f"not offered more agents {held_back(core, fw)}"
-        elif note.quota == "guarantee":
+        elif note.quota == "guarantee" or _set_aside(core, fw):
             outcome = Outcome.FAIR_SHARE
             short = shortfalls(core, core._demanding or set(), fw.role)
             reason = (f"{GUARANTEE_REASON} of role(s) "
@@ -145,6 +152,20 @@ def _limits(core: AllocatorCore, role: str) -> str:
     """The limits bounding the role (its own and its ancestors')."""
     return ", ".join(f"{p} limit {describe(v)}" for p, v in core.quotas.limited.items()
                      if role == p or role.startswith(p + "/"))
+
+
+def _set_aside(core: AllocatorCore, fw: Framework) -> bool:
+    """The free pool is set aside for other roles' guarantees beyond what it may take (its
+    next declared task, or anything allocatable): what a cycle that did not visit the idle
+    agents (nothing set aside grew) would have found there."""
+    if not core._guarded or core._demanding is None:
+        return False
+    if fw.demands:
+        unit = next_unit(fw.demands, core.sorter.allocation(fw.framework_id))
+        return unit is not None and apply(core, fw, unit.resources, core._demanding) == (
+            None, "guarantee")
+    room = guard_room(core, fw.role, core._demanding)
+    return room is not None and exhausted(core, room)
 
 
 def _at_limit(core: AllocatorCore, fw: Framework) -> bool:

@@ -162,6 +162,32 @@ def guarded(core: AllocatorCore, demanding: set[str]) -> bool:
     return bool(core.quotas.guaranteed) and bool(shortfalls(core, demanding))
 
 
+Rooms = dict[str, "dict[str, int] | None"]
+
+
+def guard_rooms(core: AllocatorCore, demanding: set[str]) -> Rooms:
+    """`guard_room` of each role a framework has."""
+    return {role: guard_room(core, role, demanding)
+            for role in {fw.role for fw in core.frameworks.values()}}
+
+
+def rooms_grew(now: Rooms, before: Rooms) -> bool:
+    """Whether some role may take more now than `before` (a role absent from `before`, a
+    room gone or a resource of it no longer bounded count as more). Rooms only shrink while
+    a cycle allocates, so against the rooms a cycle ended with, no growth means no refusal
+    made for a guarantee since can be lifted."""
+    for role, room in now.items():
+        if role not in before:
+            return True
+        old = before[role]
+        if old is None:
+            continue
+        if room is None or any(n not in room for n in old) or any(
+                v > old.get(n, v) for n, v in room.items()):
+            return True
+    return False
+
+
 def protected(core: AllocatorCore, fid: str, delta: Vector) -> bool:
     """Whether taking `delta` back from the framework (reclaiming its offers, revoking its
     tasks) would leave its role, or a role above it, below its guarantee."""
