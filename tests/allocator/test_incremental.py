@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from services.allocator.core import Agent, AllocatorCore, Cycle, Framework, Outcome
+from services.allocator.decide import GUARANTEE_REASON
 from services.allocator.fill import Shape, next_unit, take_unit
 from services.allocator.quota import apply
 from services.resources import Resources
@@ -171,6 +172,11 @@ def test_a_guarantee_that_stays_short_does_not_make_a_steady_cluster_visited() -
     assert first.visited == 6 and not first.allocations  # all set aside for role a
     steady = [core.allocate(t).visited for t in (1.0, 2.0, 3.0)]
     assert steady == [0, 0, 0]
+    core.set_weight("*", 2.0)  # the others' decisions are remade, no agent visited
+    reweighed = core.allocate(3.5)
+    assert reweighed.visited == 0 and {d.framework_id for d in reweighed.remade} == {"f0", "f1"}
+    assert all(d.outcome is Outcome.FAIR_SHARE and d.reason.startswith(GUARANTEE_REASON)
+               for d in reweighed.remade), reweighed.remade  # not "nothing fits"
     core.validate()
     core.set_quota("a", None, None)
     lifted = core.allocate(4.0)
