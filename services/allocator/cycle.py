@@ -46,7 +46,8 @@ def visit(core: AllocatorCore, fresh: set[str], notes: dict[str, Notes],
     fanout = core.fanout
     for agent_id in ids:
         agent = agents[agent_id]
-        lists = (order, fresh_order) if agent_id in dirty else (fresh_order, order)
+        lists = ((order, fresh_order) if agent_id in dirty or _lifts_filter(core, agent_id, fresh)
+                 else (fresh_order, order))
         if lists[0] is fresh_order and fanout.bound and held_back.issuperset(fresh_ids) \
                 and agent.offered.keys().isdisjoint(fresh_ids):
             continue  # idle, and every framework it is visited for waits at its bound
@@ -78,6 +79,19 @@ def visit(core: AllocatorCore, fresh: set[str], notes: dict[str, Notes],
         else:
             idle.discard(agent_id)
     return len(visit)
+
+
+def _lifts_filter(core: AllocatorCore, agent_id: str, fresh: set[str]) -> bool:
+    """Whether a fresh framework's take on this idle agent may lift another's decline filter
+    there, so that the agent is filled with every framework, as a full scan fills it: a
+    framework of declared demand has one, and its next unit is taken from what is free (the
+    first free ports, the reserved part first), which a take moves out of what it declined."""
+    fws = core.frameworks
+    for fid in core.filters.on(agent_id):
+        fw = fws[fid]
+        if fw.demands and fid not in fresh and fw.active and not fw.suppressed:
+            return True
+    return False
 
 
 def reserved_elsewhere(free: Resources, role: str) -> Resources:

@@ -185,16 +185,14 @@ def test_a_guarantee_that_stays_short_does_not_make_a_steady_cluster_visited() -
     core.validate()
 
 
-@pytest.mark.xfail(strict=True, reason="open defect: an idle agent visited for a fresh "
-                   "framework only; its take moves the first free port, lifting another's "
-                   "port-specific decline filter there, and only a full scan sees it")
 def test_a_fresh_framework_taking_a_port_on_an_idle_agent_lifts_another_filter_there(
 ) -> None:
     """fb declined s3's offer (cpus 0.5, mem 64, port 31000: a 5 s filter of those). s1
     going, fa holds less and is fresh; on s3 it takes port 31000, so fb's next task there
     would use 31001, which its filter does not cover: a full scan offers s3 to fa and then
-    to fb; the incremental core, visiting the idle s3 for fa alone, to fa only. (Found by
-    the machine below, as an invariant failure: "idle s3 would be offered to fb".)"""
+    to fb; the incremental core, which visited the idle s3 for fa alone, offered it to fa
+    only (found by the machine below, as an invariant failure: "idle s3 would be offered to
+    fb"). An idle agent where such a filter stands is filled with every framework."""
     unit = Resources.of(cpus=0.5, mem=64)
     role_a = Resources.of(role="a", cpus=1, mem=256)
     trace = []
