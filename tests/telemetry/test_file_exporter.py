@@ -43,6 +43,25 @@ def test_spans_round_trip_through_the_file_with_parentage(tmp_path: Path) -> Non
     assert child["resource"]["service.name"] == "offerbus-test"
 
 
+def test_a_span_with_a_lone_surrogate_or_a_nan_is_written_not_lost(tmp_path: Path) -> None:
+    """orjson refuses a str that is not UTF-8 (a name decoded with surrogateescape) and JSON
+    has no NaN: the batch is still written (escaped; proto3 JSON's "NaN"), with its
+    neighbours, and read back."""
+    path = tmp_path / "svc.jsonl"
+    provider = TracerProvider(resource=Resource.create({"service.name": "offerbus-test"}))
+    provider.add_span_processor(SimpleSpanProcessor(OtlpJsonFileExporter(path)))
+    tracer = provider.get_tracer("t")
+    tracer.start_span("odd", attributes={"name": "bad\udcff", "share": float("nan"),
+                                         "limit": float("inf")}).end()
+    tracer.start_span("plain").end()
+    provider.shutdown()
+    spans = {s["name"]: s for s in read_spans(path)}
+    assert set(spans) == {"odd", "plain"}
+    assert spans["odd"]["attrs"]["name"] == "bad\udcff"
+    assert spans["odd"]["attrs"]["share"] == "NaN"
+    assert spans["odd"]["attrs"]["limit"] == "Infinity"
+
+
 def test_empty_or_garbled_traceparents_name_no_parent(tmp_path: Path) -> None:
     assert extract("") is None
     assert extract("00-zz-yy-01") is None
@@ -79,9 +98,9 @@ def test_direct_encoding_says_what_the_protobuf_encoding_says(tmp_path: Path) ->
         pass
     spans = memory.get_finished_spans()
 
-    def decoded(text: str) -> list[dict[str, object]]:
+    def decoded(text: bytes) -> list[dict[str, object]]:
         path = tmp_path / f"{len(text)}-{time.perf_counter_ns()}.jsonl"
-        path.write_text(text + "\n")
+        path.write_bytes(text + b"\n")
         keep = ("traceId", "spanId", "parentSpanId", "flags", "name", "kind", "startTimeUnixNano",
                 "endTimeUnixNano", "attrs", "resource", "events", "links", "status")
         return sorted(({k: s.get(k) for k in keep} for s in read_spans(path)),
