@@ -367,18 +367,23 @@ class SchedulerCore:
         return self._queue(lambda: self._kills.__setitem__(task_id, kill), "kill")
 
     def acknowledge(self, statuses: Iterable[common_pb2.TaskStatus]) -> list[Output]:
-        acks: dict[AckKey, Call.Acknowledge.Ack] = {}
+        keys: dict[AckKey, None] = {}  # in order, each once (a launch acks thousands)
+        pending = self.pending_acks
         for s in statuses:
-            if s.uuid:
-                self.pending_acks.pop(ack_key(s), None)
-                acks[ack_key(s)] = Call.Acknowledge.Ack(agent_id=s.agent_id, task_id=s.task_id,
-                                                        uuid=s.uuid)
-        if not acks:
+            uuid = s.uuid
+            if uuid:
+                key = (s.agent_id, s.task_id, uuid)
+                pending.pop(key, None)
+                keys[key] = None
+        if not keys:
             return [Note("acknowledge_nothing", "no status with a uuid")]
         if self.state is State.SUBSCRIBED:
             call = self._call()
-            call.acknowledge.acks.extend(acks.values())
+            add = call.acknowledge.acks.add
+            for aid, tid, uuid in keys:
+                add(agent_id=aid, task_id=tid, uuid=uuid)
             return [Send(call)]
+        acks = {k: Call.Acknowledge.Ack(agent_id=k[0], task_id=k[1], uuid=k[2]) for k in keys}
         return self._queue(lambda: self._acks.update(acks), "acknowledge")
 
     def reconcile(self, tasks: Iterable[tuple[str, str]] = ()) -> list[Output]:
