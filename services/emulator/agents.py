@@ -396,7 +396,7 @@ class AgentsCore:
             self._dirty.add(a.name)
         elif tasks.is_terminal(t.state):
             self._forget(a, key)
-        elif t.reported:
+        elif t.reported and t.state != tasks.STARTING:  # RUNNING comes at once after it
             _wire(t, a.agent_id)  # settled: ready for the next re-registration
 
     def _flush(self, now: float) -> list[Command]:
