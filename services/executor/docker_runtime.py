@@ -49,6 +49,11 @@ KILL_WAIT_S = 10.0  # after SIGKILL, how long to wait for the engine to report t
 EXEC_KILL_WAIT_S = 2.0  # after killing a timed-out exec, how long its reader may take
 
 
+NO_IMAGE = ("the task names no image (a plain process), and this agent runs Docker "
+            "containers: give it an image (`offerbus run --image ...`), or run it on an agent "
+            "started with --runtime process")
+
+
 class DockerRuntime:
     name = "docker"
 
@@ -64,7 +69,7 @@ class DockerRuntime:
     # -- start ---------------------------------------------------------------------------
     def start(self, spec: ContainerSpec) -> Handle:
         if not spec.image:
-            raise LaunchError(REASON_CONTAINER_LAUNCH_FAILED, "a Docker task needs an image")
+            raise LaunchError(REASON_CONTAINER_LAUNCH_FAILED, NO_IMAGE)
         if spec.privileged:
             raise LaunchError(REASON_TASK_UNAUTHORIZED,
                               "privileged containers are not allowed on this cluster")

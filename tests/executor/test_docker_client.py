@@ -62,3 +62,20 @@ def test_calls_on_different_paths_share_one_connection(learnt: str, busybox_imag
         assert len(opened) == 1, f"{len(opened)} connections for 4 calls: no keep-alive"
     finally:
         client.close()
+
+
+def test_a_task_without_an_image_on_a_docker_agent_is_told_what_to_do() -> None:
+    """`offerbus run` without --image makes a plain-process task; on an agent that runs Docker
+    containers (`make run`'s) it failed, instance after instance, with "a Docker task needs
+    an image", which names neither the cause nor the fix. The refusal names both (before
+    any call to the engine: the client is never used)."""
+    from types import SimpleNamespace
+
+    from services.executor.runtime import ContainerSpec, LaunchError
+
+    runtime = docker_runtime.DockerRuntime(client=SimpleNamespace(api=None))
+    with pytest.raises(LaunchError) as refused:
+        runtime.start(ContainerSpec(name="t", command=("sleep", "60")))
+    message = str(refused.value)
+    assert "runs Docker containers" in message and "--image" in message
+    assert "--runtime process" in message
