@@ -46,11 +46,12 @@ def visit(core: AllocatorCore, fresh: set[str], notes: dict[str, Notes],
     fanout = core.fanout
     for agent_id in ids:
         agent = agents[agent_id]
-        lists = ((order, fresh_order) if agent_id in dirty or _lifts_filter(core, agent_id, fresh)
-                 else (fresh_order, order))
-        if lists[0] is fresh_order and fanout.bound and held_back.issuperset(fresh_ids) \
+        changed = agent_id in dirty
+        if not changed and fanout.bound and held_back.issuperset(fresh_ids) \
                 and agent.offered.keys().isdisjoint(fresh_ids):
             continue  # idle, and every framework it is visited for waits at its bound
+        lists = ((order, fresh_order) if changed or _lifts_filter(core, agent_id, fresh)
+                 else (fresh_order, order))
         free = agent.free
         beyond: dict[str, Resources] = {}
         for fid, (offer, before) in _fill(core, agent, lists, fresh, notes, now,
