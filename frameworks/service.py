@@ -251,6 +251,9 @@ class ServiceScheduler(Scheduler):
         self.replaced = 0  # instances killed by rolling updates
         self.digest = spec_digest(spec)  # of the spec new attempts launch from
         self.revoked_tasks = 0  # killed by the master for fair sharing (REASON_TASK_REVOKED)
+        # The last attempt that failed (not asked to stop, not finished): what `offerbus run`
+        # shows while instances keep failing.
+        self.last_failure: dict[str, str] | None = None
         self.declared: common_pb2.Demand | None = None  # the demand last requested
         self.removed = ""  # the master's final Error (e.g. removed by the operator)
         self.framework_id = ""  # kept in the status file: a restarted process fails over
@@ -356,8 +359,13 @@ class ServiceScheduler(Scheduler):
                             reason=common_pb2.TaskStatus.Reason.Name(status.reason),
                             message=status.message)
                 revoked = status.reason == common_pb2.TaskStatus.REASON_TASK_REVOKED
-                inst.ended(failed=status.state != common_pb2.TASK_FINISHED
-                           and not inst.kill_sent, now=now, revoked=revoked)
+                failed = status.state != common_pb2.TASK_FINISHED and not inst.kill_sent
+                if failed:
+                    self.last_failure = {
+                        "task_id": status.task_id, "state": state,
+                        "reason": common_pb2.TaskStatus.Reason.Name(status.reason),
+                        "message": status.message}
+                inst.ended(failed=failed, now=now, revoked=revoked)
                 self.revoked_tasks += int(revoked)
                 if status.reason == common_pb2.TaskStatus.REASON_HEALTH_CHECK_FAILED:
                     self.health_kills += 1
@@ -468,6 +476,7 @@ class ServiceScheduler(Scheduler):
                     "pending_reason": self.pending_reason, "restarts": self.restarts,
                     "health_kills": self.health_kills, "removed": self.removed,
                     "revoked": self.revoked_tasks, "replaced": self.replaced,
+                    "last_failure": self.last_failure,
                     "tasks": {i.index: {"task_id": i.task_id, "state": i.state,
                                         "host": i.hostname, "agent_id": i.agent_id,
                                         "healthy": i.healthy, "digest": i.digest}

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import signal
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
@@ -227,6 +229,29 @@ class Reporter:
             self.console.print(text, highlight=False)
 
 
+MAX_FAILURE_CHARS = 300  # of a failure's message in a progress line
+
+
+def last_failure(run_dir: Path, name: str) -> str:
+    """"; last failure TASK: STATE (REASON): MESSAGE" from the local service framework's
+    status file, or "" (none yet, or the file unreadable: a progress line never fails)."""
+    from frameworks import spec as specs
+
+    try:
+        doc = json.loads(specs.spec_path(run_dir.resolve(), name).with_suffix(".status.json")
+                         .read_text())
+        f = doc.get("last_failure") if isinstance(doc, dict) else None
+        if not isinstance(f, dict):
+            return ""
+        message = str(f.get("message") or "")
+        if len(message) > MAX_FAILURE_CHARS:
+            message = message[:MAX_FAILURE_CHARS] + "..."
+        return (f"; last failure {f.get('task_id', '?')}: {f.get('state', '?')} "
+                f"({f.get('reason', '?')})" + (f": {message}" if message else ""))
+    except (OSError, ValueError):
+        return ""
+
+
 def _stuck(args: argparse.Namespace, url: str, name: str) -> str:
     """What `why` says about the service (best effort), from the master's whole /state."""
     try:
@@ -303,7 +328,9 @@ def wait_running(args: argparse.Namespace, console: Console, url: str, want: int
             if pid is not None and not cluster.alive(pid):
                 raise CliError(f"the {name} framework exited; see {log}")
             before, counts = counts, service_counts(poll(), name, want)
-            shown.show(f"{name}: {summary(counts)}")
+            failure = last_failure(args.run_dir, name) if pid is not None and \
+                counts.get("ended") else ""
+            shown.show(f"{name}: {summary(counts)}{failure}")
             verdict = progress.observe(counts, time.monotonic())
             if verdict == "done":
                 console.print(f"[green]{name}: {want} instances RUNNING[/]")

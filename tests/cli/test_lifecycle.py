@@ -165,6 +165,32 @@ def test_a_stalled_run_fails_saying_what_is_stuck(cli: Any, monkeypatch: pytest.
     assert "offerbus why web" in out and "framework-web.log" in out
 
 
+def test_while_instances_fail_the_progress_says_the_last_failure(
+        cli: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A crash loop showed only "1 pending, 6 ended" until the stall window ended: the
+    progress line now says the last failure (from the framework's status file), so the
+    user sees why at once."""
+    import json
+
+    from services.cli import why
+
+    monkeypatch.setattr(why, "find_leader", lambda *a, **kw: (_ for _ in ()).throw(
+        lifecycle.CliError("no leading allocator")))
+    monkeypatch.setattr(lifecycle.cluster, "alive", lambda pid: True)
+    status = tmp_path / "frameworks" / "web.status.json"
+    status.parent.mkdir(parents=True, exist_ok=True)
+    status.write_text(json.dumps({"name": "web", "last_failure": {
+        "task_id": "web-0-2", "state": "TASK_FAILED",
+        "reason": "REASON_CONTAINER_LAUNCH_FAILED", "message": "no such image: nope"}}))
+    failing = state({"fw-1": "web"}, [("fw-1", "web-0-1", "TASK_FAILED"),
+                                      ("fw-1", "web-0-2", "TASK_FAILED")])
+    code, out = cli([state(), failing], "run", "--name", "web", "--image", "nope",
+                    "--stall", "0.2", "--", "sleep", "60")
+    assert code == 1
+    assert ("web: 1 pending, 2 ended; last failure web-0-2: TASK_FAILED "
+            "(REASON_CONTAINER_LAUNCH_FAILED): no such image: nope") in out
+
+
 def test_a_run_whose_framework_exits_fails_at_once(cli: Any, monkeypatch: pytest.MonkeyPatch,
                                                    tmp_path: Path) -> None:
     monkeypatch.setattr(lifecycle.cluster, "alive", lambda pid: False)

@@ -228,3 +228,22 @@ def test_a_bad_spec_names_the_value_that_is_wrong() -> None:
         with pytest.raises(ValueError) as err:
             spec(**bad).check()
         assert said in str(err.value) and "and" not in str(err.value)
+
+
+def test_the_last_failure_is_in_the_status_with_its_reason_and_message() -> None:
+    """What `offerbus run` shows while an instance keeps failing (the status file): the
+    last failed attempt's task, state, reason and message; an instance it asked to stop, or
+    one that finished, is no failure."""
+    driver = FakeDriver()
+    sched = ServiceScheduler(spec(instances=2, ports=[]))
+    assert sched.status()["last_failure"] is None
+    sched.offers(driver, [offer("o1", "h1", [])], now=0.0)
+    sched.update(driver, TS(task_id="web-1-1", agent_id="S-h1", state=common_pb2.TASK_FINISHED),
+                 now=1.0)
+    assert sched.status()["last_failure"] is None
+    sched.update(driver, TS(task_id="web-0-1", agent_id="S-h1", state=common_pb2.TASK_FAILED,
+                            reason=TS.REASON_CONTAINER_LAUNCH_FAILED, message="no such image"),
+                 now=2.0)
+    assert sched.status()["last_failure"] == {
+        "task_id": "web-0-1", "state": "TASK_FAILED",
+        "reason": "REASON_CONTAINER_LAUNCH_FAILED", "message": "no such image"}
