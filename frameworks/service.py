@@ -29,6 +29,7 @@ from frameworks.spec import (
     instance_of,
     parse_constraint,
     spec_digest,
+    status_path,
 )
 from schemas import common_pb2
 from services import tasks as task_states
@@ -505,16 +506,16 @@ def main(argv: list[str] | None = None) -> int:
     log.configure("framework")
     spec = ServiceSpec(**json.loads(args.spec.read_text()))
     spec.check()
-    status_path = args.spec.with_suffix(".status.json")
-    scheduler = ServiceScheduler(spec, status_path)
+    status_file = status_path(args.spec)
+    scheduler = ServiceScheduler(spec, status_file)
     info = framework_info(spec, args.failover_timeout)
     try:  # an earlier process of this service: fail over to its framework, keep its tasks
-        info.framework_id = scheduler.recover(json.loads(status_path.read_text()))
+        info.framework_id = scheduler.recover(json.loads(status_file.read_text()))
     except FileNotFoundError:
         pass
     except (OSError, ValueError, TypeError, KeyError) as exc:
         logger.warning("status file unreadable: subscribing as a new framework",
-                       path=str(status_path), error=repr(exc))
+                       path=str(status_file), error=repr(exc))
     if info.framework_id:
         logger.info("failing over", framework=info.framework_id,
                     instances=len(scheduler.instances))

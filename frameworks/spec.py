@@ -116,8 +116,17 @@ def parse_constraint(text: str) -> tuple[str, str]:
     return name, value
 
 
+STATUS_SUFFIX = ".status.json"  # a service's status file, beside its spec
+
+
 def spec_path(run_dir: Path, name: str) -> Path:
     return run_dir / "frameworks" / f"{name}.json"
+
+
+def status_path(spec: Path) -> Path:
+    """The status file the service framework of spec file `spec` keeps (its framework id,
+    instances, the last failure)."""
+    return spec.with_suffix(STATUS_SUFFIX)
 
 
 def write_spec(run_dir: Path, spec: ServiceSpec) -> Path:

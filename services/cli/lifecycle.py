@@ -238,7 +238,7 @@ def last_failure(run_dir: Path, name: str) -> str:
     from frameworks import spec as specs
 
     try:
-        doc = json.loads(specs.spec_path(run_dir.resolve(), name).with_suffix(".status.json")
+        doc = json.loads(specs.status_path(specs.spec_path(run_dir.resolve(), name))
                          .read_text())
         f = doc.get("last_failure") if isinstance(doc, dict) else None
         if not isinstance(f, dict):
@@ -455,7 +455,7 @@ def cmd_stop(args: argparse.Namespace, console: Console) -> int:
         if pid is not None:
             shown.show(f"{name}: stopping its framework process {pid}")
             cluster.stop_process(run_dir, proc, timeout=10.0)
-    for path in (spec, spec.with_suffix(".status.json")):
+    for path in (spec, specs.status_path(spec)):
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
     gone = ("its containers were not checked (no Docker engine reachable from here)"

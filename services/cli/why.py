@@ -17,6 +17,7 @@ from typing import Any
 
 from rich.console import Console
 
+from frameworks.spec import STATUS_SUFFIX
 from services import tasks
 from services.allocator.decide import GUARANTEE_REASON
 from services.cli.client import CliError, cluster_url, find_leader, http_get, master_state
@@ -312,12 +313,12 @@ def explain(target: str, decisions: list[Doc] | None, state: Doc, spans: list[Sp
 def load_statuses(folder: Path) -> dict[str, Doc]:
     """Service frameworks' <name>.status.json files, by service name."""
     out = {}
-    for path in sorted(folder.glob("*.status.json")) if folder.is_dir() else ():
+    for path in sorted(folder.glob(f"*{STATUS_SUFFIX}")) if folder.is_dir() else ():
         try:
             doc = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        out[str(doc.get("name") or path.name.removesuffix(".status.json"))] = doc
+        out[str(doc.get("name") or path.name.removesuffix(STATUS_SUFFIX))] = doc
     return out
 
 
