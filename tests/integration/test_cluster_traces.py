@@ -42,7 +42,13 @@ def cluster(zk: ZooKeeperServer, zk_admin: Any, tmp_path_factory: pytest.TempPat
                        and any(e.get("name") == "TASK_RUNNING" for e in s.get("events", []))
                        for f in traces.glob("offerbus-executor-*.jsonl") for s in read_spans(f))
 
+        def master_status_span() -> bool:  # exported by its batch processor (0.5 s) later
+            return any(s["name"] == S.STATUS and TASK in (
+                [s["attrs"].get(S.TASK_ID), *(s["attrs"].get(S.TASK_IDS) or [])])
+                for f in traces.glob("offerbus-master-*.jsonl") for s in read_spans(f))
+
         wait_for(running_span, 30, message="no start span for the task in the run dir")
+        wait_for(master_status_span, 30, message="no master status span for the task")
         yield c
 
 
