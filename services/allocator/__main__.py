@@ -16,7 +16,8 @@ OPTIONS = (
     Option("id", default=f"allocator-{socket.gethostname()}", help="this allocator's id"),
     Option("interval", float, 1.0, "seconds between periodic allocation sweeps",
            minimum=0.01),
-    Option("batch", float, 0.05, "seconds events are batched into one allocation cycle",
+    Option("batch", float, 0.05, "at most one event-driven allocation cycle per this many "
+           "seconds (the first event after a quiet spell is not kept waiting)",
            minimum=0.0, maximum=10.0),
     Option("revocation_grace", float, DEFAULT_REVOCATION_GRACE_S,
            "seconds a framework above its fair share has to give tasks back before the "

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -60,7 +61,7 @@ class AllocatorConfig(ServiceConfig):
     allocator_id: str
     election_url: str  # zk://hosts/chroot or file:///run_dir
     interval: float = 1.0  # periodic sweep (filters expire, anything missed)
-    batch: float = 0.05  # events within this window share one allocation cycle
+    batch: float = 0.05  # at most one event-driven allocation cycle per window (_schedule)
     # Revocation's grace (core.DEFAULT_REVOCATION_GRACE_S); None: no revocation.
     revocation_grace: float | None = DEFAULT_REVOCATION_GRACE_S
     max_offers_per_framework: int = DEFAULT_MAX_OFFERS_PER_FRAMEWORK  # 0: no bound (fanout.py)
@@ -93,6 +94,7 @@ class AllocatorShell(ServiceKit):
         self.decisions: dict[str, Decision] = {}  # latest per framework
         self._told: dict[str, tuple[str, str]] = {}  # (outcome, reason) the master last got
         self.last_cycle: tuple[int, float] = (0, 0.0)  # (cycle, wall time)
+        self._cycled_at = -math.inf  # the reactor's clock at the last cycle (_schedule)
         self._register_metrics()
         for detector, handler in ((self.masters, self._on_master),
                                   (self.brokers, self._on_broker)):
@@ -278,9 +280,14 @@ class AllocatorShell(ServiceKit):
 
     # -- allocation ----------------------------------------------------------------------
     def _schedule(self) -> None:
-        """One allocation within `batch` seconds, however many events come meanwhile."""
+        """One allocation cycle for the events that come meanwhile, at most one per `batch`
+        seconds: at the reactor's next turn (after what it has read) when no cycle ran within
+        the last `batch` seconds, else when that window ends. The first event after a quiet
+        spell (a framework subscribing, a task ending) is not kept waiting for the window;
+        a storm of events still shares a cycle per window."""
         if self._batch is None and self.core is not None and not self.paused:
-            self._batch = self.reactor.call_later(self.config.batch, self._allocate)
+            delay = max(0.0, self._cycled_at + self.config.batch - self.reactor.clock())
+            self._batch = self.reactor.call_later(delay, self._allocate)
 
     def _allocate(self) -> None:
         if self._batch is not None:
@@ -291,6 +298,7 @@ class AllocatorShell(ServiceKit):
             return
         if not (dealer.connected and self.subscriber.synced):
             return  # allocations nobody would receive would only be lost
+        self._cycled_at = self.reactor.clock()
         started = time.perf_counter()
         started_ns = time.time_ns()
         now = started_ns / 1e9

@@ -1,5 +1,6 @@
-"""The allocator shell's batching, without sockets: events within the batch window share one
-cycle, and a cycle's allocations reach the broker in messages that fit the frame
+"""The allocator shell's batching, without sockets: the first event after a quiet spell is
+allocated at the reactor's next turn, and later events within the batch window share one
+cycle at its end, and a cycle's allocations reach the broker in messages that fit the frame
 limit and hold at most 1,000 allocations each (none lost)."""
 
 from __future__ import annotations
@@ -45,6 +46,10 @@ class FakeDealer:
 class FakeReactor:
     def __init__(self) -> None:
         self.timers: list[tuple[float, Callable[[], None], SimpleNamespace]] = []
+        self.now = 100.0
+
+    def clock(self) -> float:
+        return self.now
 
     def call_later(self, delay: float, fn: Callable[[], None]) -> SimpleNamespace:
         timer = SimpleNamespace(cancelled=False)
@@ -70,7 +75,8 @@ def shell_with(core: AllocatorCore) -> tuple[AllocatorShell, FakeDealer, FakeRea
         core=core, dealer=dealer, reactor=reactor, subscriber=SimpleNamespace(synced=True),
         leader=None, config=SimpleNamespace(interval=1.0, batch=0.05), stats=Stats(),
         decisions={}, _told={}, _batch=None, _refilter=None, _sweep=None,
-        last_cycle=(0, 0.0), _cycle_seconds=SimpleNamespace(observe=lambda s: None))
+        last_cycle=(0, 0.0), _cycled_at=-math.inf,
+        _cycle_seconds=SimpleNamespace(observe=lambda s: None))
     return shell, dealer, reactor
 
 
@@ -88,13 +94,37 @@ def test_events_within_the_batch_window_share_one_cycle_and_one_message() -> Non
     shell, dealer, reactor = shell_with(core)
     for _ in range(20):
         shell._schedule()
-    assert len(reactor.timers) == 1 and reactor.timers[0][0] == 0.05
+    assert len(reactor.timers) == 1
     assert reactor.fire() == 1
     [allocations] = dealer.of("allocations")
     assert len(allocations.allocations) == 50
     assert core.cycle == 1
     [decisions] = dealer.of("allocator_decisions")
     assert {d.framework_id for d in decisions.decisions} == {"fw-0", "fw-1", "fw-2"}
+
+
+def test_the_first_event_after_a_quiet_spell_is_not_kept_waiting_for_the_window() -> None:
+    """A framework subscribing to a quiet cluster waited the whole batch window (50 ms)
+    for its first offer. The window bounds how often events make cycles; it need not delay
+    the first: it is allocated at the reactor's next turn, after what it has read."""
+    core = cluster(2, 1)
+    shell, _, reactor = shell_with(core)
+    shell._schedule()
+    shell._schedule()
+    assert [delay for delay, _, _ in reactor.timers] == [0.0]
+    assert reactor.fire() == 1 and core.cycle == 1
+    # Within the window after that cycle, events wait for the window's end, together.
+    reactor.now += 0.02
+    core.framework_added("fw-late", "*")
+    shell._schedule()
+    shell._schedule()
+    [(delay, _, _)] = reactor.timers
+    assert math.isclose(delay, 0.03)
+    assert reactor.fire() == 1 and core.cycle == 2
+    # After a quiet spell as long as the window: at once again.
+    reactor.now += 0.05
+    shell._schedule()
+    assert [delay for delay, _, _ in reactor.timers] == [0.0]
 
 
 def test_a_cycle_too_large_for_one_frame_reaches_the_broker_in_several() -> None:
