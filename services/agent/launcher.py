@@ -40,7 +40,7 @@ HOSTS_ENV = "OFFERBUS_EXECUTOR_HOSTS"  # "0": a process per executor (for compar
 HOSTS_DIR = "executor-hosts"  # under the agent's work dir: each host's log, stdout, stderr
 HOST_REPLY_TIMEOUT_S = 20.0  # an executor host answers a launch in ms; past this it failed
 PRELOAD = ("services.executor.shell", "services.executor.docker_runtime",
-           "services.executor.process_runtime", "services.telemetry.setup")
+           "services.executor.process_runtime", "services.telemetry.provider")
 # Tracing: the helper and its executors inherit the agent's environment (OTEL_*,
 # OFFERBUS_TRACES_DIR); each executor calls services.telemetry.setup() itself, after the fork
 # (the helper never creates a tracer provider: its exporter threads would not survive a fork).

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 console = Console()
 RESULTS = Path("chaos/results")
@@ -52,6 +51,8 @@ def run_campaign(scenario: Any, work_dir: Path, out: Path) -> tuple[dict[str, An
     logging.getLogger("kazoo").setLevel(logging.WARNING)
 
     clean(work_dir / "fleet", quiet=True)  # a crashed earlier run of this work dir
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                   TextColumn("{task.completed}/{task.total} faults"), TimeElapsedColumn(),
                   console=console, transient=False) as bar:

@@ -12,14 +12,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import zmq
-
 from schemas import operator_pb2
-from services.bus import codec
-from services.bus.curve import client_from_env
 from services.bus.election import LeaderInfo, detector_from_url, parse_url
 from services.bus.election.zookeeper import election_path, member_epoch, sorted_members
-from services.bus.peer import Sender
 
 RUN_DIR_DEFAULT = ".run/cluster"  # without --run-dir, OFFERBUS_RUN_DIR or a profile
 DEFAULT_RUN_DIR = Path(os.environ.get("OFFERBUS_RUN_DIR", RUN_DIR_DEFAULT))
@@ -182,6 +177,13 @@ def operator_call(leader: LeaderInfo, call: operator_pb2.OperatorCall,
                   timeout: float = 10.0) -> operator_pb2.OperatorEvent:
     """One request and its answer on the master's front ROUTER, with this operator's CURVE
     key when OFFERBUS_CURVE_SECRET_KEY_FILE and OFFERBUS_CURVE_SERVER_KEY_FILE are set."""
+    # (Imported here: the bus's modules cost ~20 ms to load, and most commands only read.)
+    import zmq
+
+    from services.bus import codec
+    from services.bus.curve import client_from_env
+    from services.bus.peer import Sender
+
     try:
         curve = client_from_env()
     except ValueError as exc:

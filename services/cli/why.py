@@ -19,7 +19,6 @@ from rich.console import Console
 
 from frameworks.spec import STATUS_SUFFIX
 from services import tasks
-from services.allocator.decide import GUARANTEE_REASON
 from services.cli.client import CliError, cluster_url, find_leader, http_get, master_state
 from services.cli.trace import Span, end_ns, names, start_ns
 from services.cli.trace import load_spans as load_spans  # (lifecycle.py's `why` reads the run dir)
@@ -191,6 +190,9 @@ def decision_sentence(d: Doc, decisions: list[Doc], state: Doc, spans: list[Span
         return (f"{who} got no offer in cycle {cycle}: its role's quota limit holds it back "
                 f"({d.get('reason', '')}); an operator may raise or clear the limit "
                 f"(offerbus roles quota {role} --limit RESOURCES, or --clear).")
+    # (Imported here: the allocator's policy modules cost every CLI command ~12 ms to load.)
+    from services.allocator.decide import GUARANTEE_REASON
+
     if outcome == "FAIR_SHARE" and str(d.get("reason", "")).startswith(GUARANTEE_REASON):
         return (f"{who} got no offer in cycle {cycle}: {d.get('reason', '')}; they come "
                 f"first until they hold their guarantee or have no demand left.")

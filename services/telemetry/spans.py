@@ -80,7 +80,7 @@ def status_spans(tracer: Tracer, framework_id: str, statuses: Iterable[common_pb
     (`traceparent_of(task_id)`: its TaskRecord.traceparent, None for an unknown task),
     agent, state and reason, LINKED to that launch span; returns how many. (One span per
     task was most of a busy master's tracing: the tasks of one ACCEPT are reported together.)"""
-    from services.telemetry.setup import extract  # setup imports this module's names
+    from services.telemetry.provider import extract  # provider imports this module's names
 
     groups: dict[tuple[str, str, int, int, str], list[str]] = {}
     for st in statuses:
