@@ -94,7 +94,7 @@ class AllocatorShell(ServiceKit):
         self.decisions: dict[str, Decision] = {}  # latest per framework
         self._told: dict[str, tuple[str, str]] = {}  # (outcome, reason) the master last got
         self.last_cycle: tuple[int, float] = (0, 0.0)  # (cycle, wall time)
-        self._cycled_at = -math.inf  # the reactor's clock at the last cycle (_schedule)
+        self._cycled_at = -math.inf  # the reactor's clock at the last cycle's end (_schedule)
         self._register_metrics()
         for detector, handler in ((self.masters, self._on_master),
                                   (self.brokers, self._on_broker)):
@@ -281,10 +281,10 @@ class AllocatorShell(ServiceKit):
     # -- allocation ----------------------------------------------------------------------
     def _schedule(self) -> None:
         """One allocation cycle for the events that come meanwhile, at most one per `batch`
-        seconds: at the reactor's next turn (after what it has read) when no cycle ran within
-        the last `batch` seconds, else when that window ends. The first event after a quiet
-        spell (a framework subscribing, a task ending) is not kept waiting for the window;
-        a storm of events still shares a cycle per window."""
+        seconds: at the reactor's next turn (after what it has read) when the last cycle
+        ended `batch` seconds ago or more, else when that window ends. The first event after a
+        quiet spell (a framework subscribing, a task ending) is not kept waiting for the
+        window; under a storm of events, cycles are `batch` apart, end to start, as before."""
         if self._batch is None and self.core is not None and not self.paused:
             delay = max(0.0, self._cycled_at + self.config.batch - self.reactor.clock())
             self._batch = self.reactor.call_later(delay, self._allocate)
@@ -298,7 +298,6 @@ class AllocatorShell(ServiceKit):
             return
         if not (dealer.connected and self.subscriber.synced):
             return  # allocations nobody would receive would only be lost
-        self._cycled_at = self.reactor.clock()
         started = time.perf_counter()
         started_ns = time.time_ns()
         now = started_ns / 1e9
@@ -310,6 +309,7 @@ class AllocatorShell(ServiceKit):
         self._reclaim(cycle)
         self._tell_decisions(cycle)
         self._wake_for_filters(core, now)
+        self._cycled_at = self.reactor.clock()  # the window runs from the cycle's end
 
     def _allocation_messages(self, cycle: Cycle, started_ns: int
                              ) -> Iterator[internal_pb2.InternalMessage]:
