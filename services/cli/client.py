@@ -140,14 +140,18 @@ def http_get(url: str, timeout: float = 5.0) -> Any:
         raise CliError(f"{url}: {exc}") from exc
 
 
-def http_get_if_changed(url: str, timeout: float = 5.0,
-                        etag: str = "") -> tuple[Any, str] | None:
+def http_get_if_changed(url: str, timeout: float = 5.0, etag: str = "",
+                        wait: float = 0.0) -> tuple[Any, str] | None:
     """(the JSON document at `url`, its ETag), or None when it still has the ETag `etag`
-    (the server answered 304 Not Modified: nothing was built or sent)."""
+    (the server answered 304 Not Modified: nothing was built or sent). `wait`: ask the
+    server to answer only once the document changed, or after `wait` seconds (a server
+    that does not know `Prefer: wait` answers at once)."""
     headers = http_headers() | ({"If-None-Match": etag} if etag else {})
+    if etag and wait > 0:
+        headers["Prefer"] = f"wait={wait:g}"
     req = urllib.request.Request(url, headers=headers)
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
+        with urllib.request.urlopen(req, timeout=timeout + wait) as resp:
             return json.loads(resp.read()), resp.headers.get("ETag", "")
     except urllib.error.HTTPError as exc:
         if exc.code == 304 and etag:

@@ -176,11 +176,10 @@ def wait_rollout(args: argparse.Namespace, url: str, spec: Any) -> int:
     poll = lifecycle.StatePoller(url, args.timeout, job_query(spec.name))
     progress = lifecycle.Progress(spec.instances, time.monotonic(), stall_s=args.stall,
                                   timeout_s=args.wait_timeout)
-    backoff = lifecycle.Backoff()
-    counts: Counter[str] | None = None
     with lifecycle.Reporter(console, f"rolling update of {spec.name}") as shown:
         while True:
-            before, counts = counts, rollout_counts(poll(), spec.name, digest)
+            # The master's state as it changes (held until then: StatePoller.next).
+            counts = rollout_counts(poll.next(), spec.name, digest)
             shown.show(f"{spec.name}: {counts['RUNNING']}/{spec.instances} new running, "
                        f"{counts['old']} old left")
             verdict = progress.observe(counts, time.monotonic())
@@ -192,8 +191,6 @@ def wait_rollout(args: argparse.Namespace, url: str, spec: Any) -> int:
                 raise CliError(f"{spec.name}: the rolling update is stuck ({counts['RUNNING']} "
                                f"new running, {counts['old']} old left). See `offerbus job "
                                f"list`, `offerbus why {spec.name}`")
-            # Polling the master's state, as often as it changes.
-            time.sleep(backoff.next(counts != before))
 
 
 def master_doc(args: argparse.Namespace) -> tuple[str | None, dict[str, Any]]:

@@ -36,8 +36,9 @@ from services.cli.client import (
 Doc = dict[str, Any]
 EXIT_NAME_IN_USE = 2  # a usage error, as argparse's
 DEFAULT_STALL_S = 60.0
-POLL_S = 0.5  # the longest wait between two polls of the master's /state
-POLL_MIN_S = 0.1  # ... and the shortest, right after something changed
+POLL_S = 0.5  # the longest wait between two looks at the master's /state
+POLL_MIN_S = 0.1  # ... the shortest, polling a master that answers an unchanged one at once
+POLL_GAP_S = 0.05  # from a changed answer to the next request (bounds a follower's rate)
 SHOWN_STATES = ("RUNNING", "STARTING", "STAGING", "KILLING", "UNREACHABLE")
 
 
@@ -161,30 +162,56 @@ def parse_env(items: list[str]) -> dict[str, str]:
 class StatePoller:
     """The master's /state (filtered by `query`), polled: the leader is looked up once (a
     ZooKeeper session each time would be costly) and again only when its address stops
-    answering; a document unchanged since the last poll is not sent again (ETag)."""
+    answering; a document unchanged since the last poll is not sent again (ETag).
+
+    `next()` follows the document: after the first, each request asks the master to hold
+    its answer until the document changes, for up to POLL_S (`Prefer: wait`), so a change
+    is seen as it happens, not up to a poll interval later; after a changed answer the
+    next request waits POLL_GAP_S (changes in a burst come together); a master that
+    answers an unchanged document at once is polled with a backoff instead."""
 
     def __init__(self, url: str, timeout: float, query: str = "") -> None:
         self.url, self.timeout, self.query = url, timeout, query
         self.leader: Any = None
         self.doc: Doc | None = None
         self.etag = ""
+        self.backoff = Backoff()
+        self._pause = 0.0  # before next()'s request
 
     def __call__(self) -> Doc:
+        return self._get(0.0)[0]
+
+    def next(self) -> Doc:
+        """The document, once it changed or POLL_S passed (the first: at once)."""
+        if self._pause:
+            time.sleep(self._pause)  # pacing: a changed answer just came, or no holding
+        asked = time.monotonic()
+        wait = POLL_S if self.etag and self.doc is not None else 0.0
+        doc, changed = self._get(wait)
+        held = time.monotonic() - asked >= wait / 2
+        self._pause = POLL_GAP_S if changed else 0.0 if held else self.backoff.next(False)
+        if changed:
+            self.backoff.next(True)
+        return doc
+
+    def _get(self, wait: float) -> tuple[Doc, bool]:
+        """(the document, whether it is another than the last one)."""
         if self.leader is not None:
             try:
                 got = http_get_if_changed(self.leader.endpoints["http"] + state_path(
-                    self.query), self.timeout, self.etag if self.doc is not None else "")
+                    self.query), self.timeout, self.etag if self.doc is not None else "",
+                    wait)
                 if got is None and self.doc is not None:
-                    return self.doc
+                    return self.doc, False
                 if got is not None and isinstance(got[0], dict) and got[0].get(
                         "leading", True) is not False:
                     self.doc, self.etag = got
-                    return got[0]
+                    return got[0], True
             except CliError:
                 pass
         self.leader, doc = master_state(self.url, self.timeout, self.query)
         self.doc, self.etag = doc, ""
-        return doc
+        return doc, True
 
 
 @dataclass
@@ -321,13 +348,12 @@ def wait_running(args: argparse.Namespace, console: Console, url: str, want: int
     now = time.monotonic()
     progress = Progress(want, now, stall_s=args.stall, timeout_s=args.wait_timeout)
     poll = StatePoller(url, args.timeout, service_query(name))
-    backoff = Backoff()
-    counts: Counter[str] | None = None
     with Reporter(console, f"waiting for {want} instances of {name}") as shown:
         while True:
             if pid is not None and not cluster.alive(pid):
                 raise CliError(f"the {name} framework exited; see {log}")
-            before, counts = counts, service_counts(poll(), name, want)
+            # The master's state as it changes (held until then: StatePoller.next).
+            counts = service_counts(poll.next(), name, want)
             failure = last_failure(args.run_dir, name) if pid is not None and \
                 counts.get("ended") else ""
             shown.show(f"{name}: {summary(counts)}{failure}")
@@ -341,8 +367,6 @@ def wait_running(args: argparse.Namespace, console: Console, url: str, want: int
                 stuck = _stuck(args, url, name)
                 raise CliError(f"{name}: {when} ({summary(counts)}). {stuck} See `offerbus "
                                f"why {name}`, `offerbus tasks --all` and {log}")
-            # Polling the master's state, as often as it changes; decisions have deadlines.
-            time.sleep(backoff.next(counts != before))
 
 
 def cmd_scale(args: argparse.Namespace, console: Console) -> int:

@@ -124,7 +124,7 @@ class MasterShell(ServiceKit):
             "pub": self.publisher.pub_endpoint, "snapshot": self.publisher.snapshot_endpoint})
         # /state and /metrics run on the HTTP threads, from a view the reactor only feeds.
         self.view = StateView(config.master_id, lambda: self.publisher.store.values())
-        self.start_http({"/state": Direct(self._http_state),
+        self.start_http({"/state": Direct(self._http_state, self.view.wait_handover),
                          "/metrics": Direct(self._http_metrics),
                          "/state/events": dashboard.state_events(self.view), **dashboard.ROUTES})
         # Registry I/O runs on the writer's thread; its results come back through a mailbox.

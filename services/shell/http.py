@@ -4,8 +4,12 @@ reads the core's state without locks and sees it fresh; it may return a `Deferre
 the work (say, the JSON encoding) back on the request's thread. A `Direct` route runs on the
 request's thread only and never waits for the reactor: for views kept off the reactor
 (issue 8: a scrape never delays heartbeats). A response with an ETag answers 304 to a
-request whose If-None-Match names it. A `Stream` route runs on the request's thread too and
-answers with chunks as it makes them (Server-Sent Events), at most MAX_STREAMS at once.
+request whose If-None-Match names it; a `Direct` route that can tell changes (`changes`)
+answers such a request with `Prefer: wait=N` (RFC 7240) once its document changed, or with
+the 304 after N seconds (at most MAX_WAIT_S; at most MAX_WAITING requests wait at once,
+others are answered at once): a client follows the document without polling. A `Stream`
+route runs on the request's thread too and answers with chunks as it makes them (Server-Sent
+Events), at most MAX_STREAMS at once.
 
 With a `token` (issue 11), every path but the `open` ones (/health: liveness checks) wants
 it, as `Authorization: Bearer TOKEN` or as the TOKEN_COOKIE cookie; a browser gets the
@@ -16,6 +20,7 @@ counted (`unauthorized`). Tokens are compared with hmac.compare_digest."""
 from __future__ import annotations
 
 import hmac
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -33,6 +38,8 @@ from services.bus.reactor import Reactor
 log = get_logger("shell.http")
 
 HANDLER_TIMEOUT = 5.0
+MAX_WAIT_S = 30.0  # the longest `Prefer: wait=N` honoured
+MAX_WAITING = 64  # requests waiting for a change at once (each holds a thread); more: at once
 MAX_STREAMS = 16  # open Stream answers (each holds a thread); more are answered 503
 TOKEN_COOKIE = "offerbus_token"  # the bearer token as a browser keeps it (HttpOnly, Strict)
 OPEN_PATHS = frozenset({"/health"})  # answered without the token: liveness checks
@@ -58,9 +65,13 @@ Handler = Callable[[Query], Response | Deferred]  # a plain route, or a Direct o
 @dataclass(frozen=True)
 class Direct:
     """A route run on the request's thread, never on the reactor: it must read only what
-    is safe to read from another thread."""
+    is safe to read from another thread. `changes(seen, timeout)`, if given, blocks until a
+    change numbered after `seen` may have altered the route's answers (or `timeout` s) and
+    returns the latest change's number (`changes(-1, 0)`: the current one at once): the
+    route then honours `Prefer: wait=N`."""
 
     route: Callable[[Query], Response]
+    changes: Callable[[int, float], int] | None = None
 
     def __call__(self, query: Query) -> Response:
         return self.route(query)
@@ -99,6 +110,7 @@ class StatusServer:
         self._unauthorized_logged = -UNAUTHORIZED_LOG_GAP_S
         self._mailbox: Mailbox[_Pending] = Mailbox()
         self._streams = threading.BoundedSemaphore(MAX_STREAMS)
+        self._waiting = threading.BoundedSemaphore(MAX_WAITING)
         self._closed = threading.Event()
         reactor.add_reader(self._mailbox, self._serve_pending)
         outer = self
@@ -120,7 +132,7 @@ class StatusServer:
                     self._stream(route, query)
                     return
                 if isinstance(route, Direct):
-                    self._reply(_guarded(partial(route, query)))
+                    self._reply(self._direct(route, query))
                     return
                 pending = _Pending(route, query, threading.Event())
                 outer._mailbox.put(pending)
@@ -129,6 +141,28 @@ class StatusServer:
                     return
                 resp = pending.response
                 self._reply(resp if isinstance(resp, Response) else _guarded(resp))
+
+            def _direct(self, route: Direct, query: Query) -> Response:
+                """The route's answer; with `Prefer: wait=N` and an If-None-Match that
+                names it, the first answer with another ETag (or that one after N s)."""
+                tags = self.headers.get("If-None-Match", "")
+                wait = prefer_wait(self.headers.get("Prefer", ""))
+                if route.changes is None or not tags or not wait:
+                    return _guarded(partial(route, query))
+                if not outer._waiting.acquire(blocking=False):
+                    return _guarded(partial(route, query))  # too many wait: answered now
+                try:
+                    deadline = time.monotonic() + wait
+                    seen = route.changes(-1, 0.0)  # before the answer: no change is missed
+                    while True:
+                        resp = _guarded(partial(route, query))
+                        left = deadline - time.monotonic()
+                        if resp.status != 200 or not resp.etag or resp.etag not in tags \
+                                or left <= 0 or outer._closed.is_set():
+                            return resp
+                        seen = route.changes(seen, min(left, 1.0))  # (1 s: sees a close)
+                finally:
+                    outer._waiting.release()
 
             def _authorized(self, path: str, query: Query) -> bool:
                 """True to serve the request; otherwise it has been answered (a 401, or
@@ -253,6 +287,20 @@ class StatusServer:
 
 
 R = TypeVar("R", Response, Response | Deferred)
+
+
+def prefer_wait(header: str) -> float:
+    """Seconds of a `Prefer: wait=N` header (RFC 7240), at most MAX_WAIT_S; 0 for none or a
+    malformed one (answered at once, as if not asked)."""
+    for pref in header.split(","):
+        name, _, value = pref.partition("=")
+        if name.strip().lower() == "wait":
+            try:
+                seconds = float(value.strip().split(";")[0])
+            except ValueError:
+                return 0.0
+            return min(seconds, MAX_WAIT_S) if math.isfinite(seconds) and seconds > 0 else 0.0
+    return 0.0
 
 
 def _guarded(fn: Callable[[], R]) -> R | Response:

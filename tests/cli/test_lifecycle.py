@@ -218,3 +218,58 @@ def test_polls_are_frequent_while_things_change_and_back_off_when_not() -> None:
     backoff = lifecycle.Backoff(0.1, 0.5)
     assert [backoff.next(c) for c in (True, False, False, False, False, True, False)] == \
         [0.1, 0.2, 0.4, 0.5, 0.5, 0.1, 0.2]
+
+
+def test_the_poller_sees_a_change_as_it_happens_and_backs_off_from_a_master_that_does_not_hold(
+        ) -> None:
+    """`offerbus run` returned up to a poll interval (0.1-0.5 s) after its last instance
+    was RUNNING. It now asks the master to hold an unchanged answer until the document
+    changes (Prefer: wait) and sees the change as it happens; a master that answers at once
+    is polled with a backoff, not in a spin. (Real HTTP servers; no cluster.)"""
+    import threading
+    from types import SimpleNamespace
+
+    from services.bus.reactor import Reactor
+    from services.shell.http import Direct, Query, Response, StatusServer
+
+    version, cond, waiting = [1], threading.Condition(), threading.Event()
+
+    def doc(query: Query) -> Response:
+        with cond:
+            v = version[0]
+        return Response(200, "application/json", b'{"v": %d}' % v, f'"v{v}"')
+
+    def changes(seen: int, timeout: float) -> int:
+        with cond:
+            if seen >= 0:
+                waiting.set()
+            cond.wait_for(lambda: version[0] != seen, timeout)
+            return version[0]
+
+    holding = StatusServer(Reactor(), "127.0.0.1", 0, {"/state": Direct(doc, changes)})
+    plain = StatusServer(Reactor(), "127.0.0.1", 0, {"/state": Direct(doc)})
+    try:
+        poll = lifecycle.StatePoller("unused", 10.0)
+        poll.leader = SimpleNamespace(endpoints={"http": holding.url})
+        assert poll.next() == {"v": 1}  # the first: at once
+        got: list[Any] = []
+        follower = threading.Thread(target=lambda: got.append(poll.next()), daemon=True)
+        follower.start()
+        assert waiting.wait(10), "the poller did not ask the master to hold its answer"
+        with cond:
+            version[0] = 2
+            cond.notify_all()
+        follower.join(10)
+        assert got == [{"v": 2}]
+        assert poll._pause == lifecycle.POLL_GAP_S  # a changed answer: a short gap
+
+        other = lifecycle.StatePoller("unused", 10.0)
+        other.leader = SimpleNamespace(endpoints={"http": plain.url})
+        assert other.next() == {"v": 2}
+        assert other.next() == {"v": 2}  # a 304 at once: not held
+        assert other._pause == 2 * lifecycle.POLL_MIN_S  # backing off, as Backoff does
+        assert other.next() == {"v": 2}
+        assert other._pause == 4 * lifecycle.POLL_MIN_S
+    finally:
+        holding.close()
+        plain.close()
