@@ -38,7 +38,7 @@ EXIT_NAME_IN_USE = 2  # a usage error, as argparse's
 DEFAULT_STALL_S = 60.0
 POLL_S = 0.5  # the longest wait between two looks at the master's /state
 POLL_MIN_S = 0.1  # ... the shortest, polling a master that answers an unchanged one at once
-POLL_GAP_S = 0.05  # from a changed answer to the next request (bounds a follower's rate)
+POLL_GAP_S = 0.02  # from a changed answer to the next request (bounds a follower's rate)
 SHOWN_STATES = ("RUNNING", "STARTING", "STAGING", "KILLING", "UNREACHABLE")
 
 
