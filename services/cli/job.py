@@ -25,7 +25,7 @@ from rich.console import Console
 from frameworks.spec import SPEC_LABEL, spec_digest
 from schemas import operator_pb2
 from services import tasks as task_states
-from services.cli import jobfile, jobplan, lifecycle, views, why
+from services.cli import jobfile, lifecycle, views, why
 from services.cli.client import (
     CliError,
     cluster_url,
@@ -237,6 +237,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         job = load(args.file)
     except jobfile.JobFileError as exc:
         return _bad(args.file, exc)
+    # (Imported here: the plan runs the service framework's own placement, whose module
+    # brings the whole SDK, ~70 ms that every other command would pay.)
+    from services.cli import jobplan
+
     url, state = master_doc(args)
     plan = jobplan.plan_job(job.spec, state)
     notes = allocator_view(url, job.spec, state, args.timeout)

@@ -13,8 +13,7 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
-from frameworks.service import ServiceSpec
-from frameworks.spec import ROLLOUT_FIELDS
+from frameworks.spec import ROLLOUT_FIELDS, ServiceSpec
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 TOP = {"name", "image", "command", "instances", "role", "kill_grace", "env", "resources",

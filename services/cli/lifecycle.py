@@ -293,9 +293,11 @@ def _stuck(args: argparse.Namespace, url: str, name: str) -> str:
 
 
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
-    from frameworks import service
+    # frameworks.spec, not frameworks.service: the service's scheduler brings the whole SDK
+    # (OpenTelemetry's, ZeroMQ's, ~70 ms), which its own process imports, not this one.
+    from frameworks.spec import ServiceSpec
 
-    spec = service.ServiceSpec(
+    spec = ServiceSpec(
         name=args.name, image=args.image, instances=args.instances, cpus=args.cpus,
         mem=args.mem, command=args.cmd, constraints=args.constraint or [],
         runtime="docker" if args.image else "process", role=args.role,
@@ -306,7 +308,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
 
 
 def start_service(args: argparse.Namespace, console: Console, spec: Any) -> int:
-    """Start the service framework of `spec` (a frameworks.service.ServiceSpec), as
+    """Start the service framework of `spec` (a frameworks.spec.ServiceSpec), as
     `offerbus run` does (and `offerbus job run`): refused when its name is in use, resumed
     when this run dir's process of it is gone; then waits (unless --no-wait)."""
     from frameworks import spec as specs

@@ -1,0 +1,105 @@
+"""Where the time of one `offerbus run` goes (issue 8 e), against a running cluster (`make run`'s,
+or the run dir given): the CLI is run as a user types it, N instances, R rounds, and each
+step is set against the moment the CLI was started: the framework process subscribed (its
+log), the first and last container created and started (the engine's own timestamps), the
+CLI's return. The service is stopped after each round. Prints the median of each step and
+writes bench/results/timeline.json.
+
+`python -m bench.timeline [--instances 20] [--rounds 3] [--run-dir .run/cluster]`"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import docker
+
+from bench.report import progress, write
+
+IMAGE = "offerbus/busybox:latest"
+STEPS = ("framework subscribed", "first container created", "last container created",
+         "first container started", "last container started", "CLI returned")
+_LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
+
+
+def _engine_time(text: str) -> float:
+    """Seconds since the epoch of the engine's RFC 3339 time (nanoseconds cut to micro)."""
+    base, _, frac = text.rstrip("Z").partition(".")
+    when = dt.datetime.fromisoformat(base).replace(tzinfo=dt.UTC).timestamp()
+    return when + float("0." + (frac or "0")[:6])
+
+
+def _log_time(line: str) -> float | None:
+    """A service log line's local time (`2026-11-24 20:17:01,898 INFO ...`)."""
+    match = _LOG_TIME.match(line)
+    if match is None:
+        return None
+    return dt.datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+
+def _cli(run_dir: Path, *args: str) -> None:
+    subprocess.run([sys.executable, "-m", "services.cli", "--run-dir", str(run_dir), *args],
+                   check=True, capture_output=True, timeout=300)
+
+
+def one_round(client: docker.DockerClient, run_dir: Path, n: int, name: str
+              ) -> dict[str, float]:
+    """Each step's seconds after the CLI started, for one `offerbus run` of `n`."""
+    started = time.time()
+    _cli(run_dir, "run", "--name", name, "--image", IMAGE, "--instances", str(n),
+         "--cpus", "0.1", "--mem", "32", "--", "sleep", "3600")
+    returned = time.time()
+    try:
+        ours = [c for c in client.containers.list(filters={"label": "org.offerbus.task_id"})
+                if c.labels.get("org.offerbus.task_id", "").startswith(f"{name}-")]
+        created = sorted(_engine_time(c.attrs["Created"]) for c in ours)
+        running = sorted(_engine_time(c.attrs["State"]["StartedAt"]) for c in ours)
+        log = run_dir / "logs" / f"framework-{name}.log"
+        subscribed = next((t for line in log.read_text().splitlines()
+                           if " subscribed " in line and (t := _log_time(line)) is not None),
+                          float("nan"))
+    finally:
+        _cli(run_dir, "stop", name)
+    if len(created) != n:
+        raise RuntimeError(f"{name}: {len(created)} containers found, {n} expected")
+    at = {"framework subscribed": subscribed, "first container created": created[0],
+          "last container created": created[-1], "first container started": running[0],
+          "last container started": running[-1], "CLI returned": returned}
+    return {step: at[step] - started for step in STEPS}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench.timeline", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--instances", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--run-dir", type=Path, default=Path(".run/cluster"))
+    args = ap.parse_args(argv)
+    client = docker.from_env()
+    rounds: list[dict[str, float]] = []
+    print(f"bench timeline: `offerbus run` of {args.instances} instances, {args.rounds} rounds, "
+          f"against the cluster of {args.run_dir}")
+    for r in range(args.rounds):
+        name = f"tl{args.instances}r{r}x{int(time.time()) % 100000}"
+        rounds.append(one_round(client, args.run_dir, args.instances, name))
+        progress(f"round {r + 1}/{args.rounds}: " + ", ".join(
+            f"{step} +{sec:.3f}s" for step, sec in rounds[-1].items()))
+    medians = {step: statistics.median(r[step] for r in rounds) for step in STEPS}
+    print(f"\n{'step':28s} {'median':>8s}   min-max (seconds after the CLI started)")
+    for step in STEPS:
+        values = [r[step] for r in rounds]
+        print(f"{step:28s} {medians[step]:7.3f}s   {min(values):.3f}-{max(values):.3f}")
+    result: dict[str, Any] = {"instances": args.instances, "rounds": rounds,
+                              "median": medians}
+    print(f"results: {write('timeline', result)}")
+
+
+if __name__ == "__main__":
+    main()
