@@ -148,6 +148,16 @@ def get_waiting(url: str, etag: str, prefer: str) -> tuple[int, bytes, str]:
         return exc.code, exc.read(), exc.headers.get("ETag", "")
 
 
+def hold_v1(url: str, doc: Changing) -> tuple[threading.Thread, list[tuple[int, bytes, str]]]:
+    """A GET of `url` asking to wait while it is still "v1", once the server holds it."""
+    result: list[tuple[int, bytes, str]] = []
+    held = threading.Thread(target=lambda: result.append(get_waiting(url, '"v1"', "wait=20")),
+                            daemon=True)
+    held.start()
+    assert doc.waiting.wait(10), "the request was not held"
+    return held, result
+
+
 def test_prefer_wait_holds_an_unchanged_answer_until_the_document_changes(
         reactor: Reactor) -> None:
     """A follower (`offerbus run` waiting for its instances) saw a change up to a poll
@@ -156,11 +166,7 @@ def test_prefer_wait_holds_an_unchanged_answer_until_the_document_changes(
     doc = Changing()
     server = serve(reactor, {"/doc": Direct(doc.route, doc.changes)})
     try:
-        result: list[tuple[int, bytes, str]] = []
-        held = threading.Thread(target=lambda: result.append(
-            get_waiting(server.url + "/doc", '"v1"', "wait=20")), daemon=True)
-        held.start()
-        assert doc.waiting.wait(10), "the request was not held"
+        held, result = hold_v1(server.url + "/doc", doc)
         assert not result  # still held: unchanged
         doc.bump()
         held.join(10)
@@ -196,11 +202,7 @@ def test_requests_beyond_max_waiting_are_answered_at_once(
     doc = Changing()
     server = serve(reactor, {"/doc": Direct(doc.route, doc.changes)})
     try:
-        result: list[tuple[int, bytes, str]] = []
-        held = threading.Thread(target=lambda: result.append(
-            get_waiting(server.url + "/doc", '"v1"', "wait=20")), daemon=True)
-        held.start()
-        assert doc.waiting.wait(10)
+        held, result = hold_v1(server.url + "/doc", doc)
         assert get_waiting(server.url + "/doc", '"v1"', "wait=20") == (304, b"", '"v1"')
         doc.bump()
         held.join(10)
