@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
@@ -14,6 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from services.resources import Resources
+
+# A service's (and a job's) name: it is part of every container's and task's name.
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+NAME_RULE = "use letters, digits, '.', '_' and '-' (at most 63, starting with a letter or digit)"
 
 
 @dataclass
@@ -43,8 +48,8 @@ class ServiceSpec:
         return Resources.of(cpus=self.cpus, mem=self.mem)
 
     def check(self) -> None:
-        if not self.name or "/" in self.name:
-            raise ValueError(f"bad service name {self.name!r}")
+        if not NAME_RE.fullmatch(self.name):
+            raise ValueError(f"bad service name {self.name!r}: {NAME_RULE}")
         if self.instances < 0:
             raise ValueError(f"instances must be >= 0 (got {self.instances})")
         for name, value in (("cpus", self.cpus), ("mem", self.mem)):

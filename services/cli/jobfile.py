@@ -13,9 +13,8 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
-from frameworks.spec import ROLLOUT_FIELDS, ServiceSpec
+from frameworks.spec import NAME_RE, NAME_RULE, ROLLOUT_FIELDS, ServiceSpec
 
-NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 TOP = {"name", "image", "command", "instances", "role", "kill_grace", "env", "resources",
        "ports", "constraints", "health", "update"}
 UPDATE = {"max_unavailable"}
@@ -133,8 +132,7 @@ def loads(text: str) -> Job:
     top = _Reader(text, doc, "", TOP)
     name = top.text_("name", nonempty=True)
     if not NAME_RE.fullmatch(name):
-        top.fail("name", f"{name!r}: use letters, digits, '.', '_' and '-' (at most 63, "
-                 "starting with a letter or digit)")
+        top.fail("name", f"{name!r}: {NAME_RULE}")
     image = top.text_("image", nonempty=True)
     command = top.get("command", list, [])
     if not all(isinstance(c, str) for c in command):

@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from rich.console import Console
+from rich.markup import escape
 
 from schemas import operator_pb2
 from services import tasks as task_states
@@ -247,13 +248,14 @@ class Reporter:
             self.status.__exit__(None, None, None)
 
     def show(self, text: str) -> None:
+        """`text` as written (an engine's message may hold brackets rich takes for markup)."""
         if text == self.last:
             return
         self.last = text
         if self.status is not None:
-            self.status.update(text)
+            self.status.update(escape(text))
         else:
-            self.console.print(text, highlight=False)
+            self.console.print(text, highlight=False, markup=False)
 
 
 MAX_FAILURE_CHARS = 300  # of a failure's message in a progress line

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 from schemas import agent_pb2, operator_pb2
 from services import tasks as task_states
@@ -404,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
         profiles.start(args, os.environ)  # the profile's settings, for every command
         return int(args.fn(args))
     except CliError as exc:
-        console.print(f"[red]offerbus: {exc}[/]")
+        console.print(f"[red]offerbus: {escape(str(exc))}[/]")  # its brackets as written
         return 1
     except KeyboardInterrupt:
         return 130

@@ -99,6 +99,27 @@ def test_bad_arguments_are_clear_errors(cli: Any) -> None:
     assert code == 1 and "no service 'nothing'" in out
 
 
+def test_a_name_no_container_can_carry_is_refused_before_anything_starts(cli: Any) -> None:
+    """`offerbus run --name "bad name!"` started a framework whose every instance failed on
+    the engine ("Invalid container name") until the 60 s stall window ended. The name is
+    checked as a job file's is, before any process starts; and text in brackets in an
+    error is shown as written, not taken for console markup (the engine's list of allowed
+    characters, [a-zA-Z0-9][a-zA-Z0-9_.-], vanished from the line)."""
+    for bad in ("bad name!", "-dash", "x" * 64, "a/b"):
+        code, out = cli(state(), "run", f"--name={bad}", "--image", "i", "--no-wait", "--",
+                        "sleep", "1")
+        assert code == 1 and "letters, digits" in out, (bad, out)
+    assert not cli.spawned
+    code, out = cli(state(), "run", "--name", "ok.name_1-x", "--image", "i", "--no-wait")
+    assert code == 0 and len(cli.spawned) == 1
+    code, out = cli(state(), "run", "--name", "web", "--constraint", "[a-z]", "--no-wait")
+    assert code == 1 and "[a-z]" in out, out
+    console = Console(width=200, record=True)
+    lifecycle.Reporter(console, "t").show("create failed: only [a-zA-Z0-9][a-zA-Z0-9_.-] "
+                                          "are allowed")
+    assert "only [a-zA-Z0-9][a-zA-Z0-9_.-] are allowed" in console.export_text()
+
+
 def test_counts_shown_while_waiting() -> None:
     doc = state({"fw-1": "web", "fw-2": "db"},
                 [("fw-1", f"web-{i}-1", "TASK_RUNNING") for i in range(12)]
