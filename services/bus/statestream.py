@@ -210,6 +210,7 @@ class StateSubscriber:
         )
         self._last_heard = reactor.now()
         self._snapshot_due: Timer | None = None
+        self._asked = ("", 0)  # (message id, core's request number) of the last request
         self._retry = SNAPSHOT_RETRY  # after a refused snapshot request
         self._watch = reactor.every(heartbeat_interval / 2, self._tick)
 
@@ -243,16 +244,22 @@ class StateSubscriber:
     def _run(self, outputs: list[Changed | RequestSnapshot]) -> None:
         for out in outputs:
             if isinstance(out, RequestSnapshot):
-                self._request_snapshot(out.reason)
+                self._request_snapshot(out)
             else:
                 self.on_change(out)
 
-    def _request_snapshot(self, reason: str) -> None:
+    def _request_snapshot(self, out: RequestSnapshot) -> None:
         self.stats.inc("state_resyncs")
-        log.info("requesting snapshot", reason=reason, prefix=self.core.prefix)
+        log.info("requesting snapshot", reason=out.reason, prefix=self.core.prefix)
         env = codec.Envelope()
         env.snapshot_request.prefix = self.core.prefix
         self.snapshots.send(env)
+        self._asked = (env.message_id, out.request)  # replies name it in `in_reply_to`
+        self._expect_progress()
+
+    def _expect_progress(self) -> None:
+        """The snapshot is late if no chunk of it comes within the patience: a large one
+        still arriving is not asked again from the start (which a slow link never ends)."""
         if self._snapshot_due is not None:
             self._snapshot_due.cancel()
         self._snapshot_due = self.reactor.call_later(self._patience, self._snapshot_late)
@@ -306,8 +313,16 @@ class StateSubscriber:
         if kind == "snapshot_chunk" and not self._admitted(env):
             return
         if kind == "snapshot_chunk":
-            self._run(self.core.on_snapshot_chunk(env.snapshot_chunk))
-            if self.synced and self._snapshot_due is not None:
+            message_id, request = self._asked
+            request = request if env.in_reply_to == message_id else 0
+            if not self.core.expects(request):
+                self.stats.inc("snapshot_chunks_stale")  # answers an earlier request
+                return
+            self._run(self.core.on_snapshot_chunk(env.snapshot_chunk, request))
+            if not self.synced:
+                if self.core.request == request:  # still this request's: it progresses
+                    self._expect_progress()
+            elif self._snapshot_due is not None:
                 self._snapshot_due.cancel()
                 self._snapshot_due = None
                 self._retry = SNAPSHOT_RETRY

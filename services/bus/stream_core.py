@@ -171,9 +171,11 @@ class Phase(enum.Enum):
 
 @dataclass(frozen=True)
 class RequestSnapshot:
-    """Command: (re)subscribe and ask the snapshot endpoint for a full copy."""
+    """Command: (re)subscribe and ask the snapshot endpoint for a full copy. `request`
+    numbers it: only chunks answering this request are taken (`on_snapshot_chunk`)."""
 
     reason: str
+    request: int = 0
 
 
 @dataclass(frozen=True)
@@ -196,6 +198,7 @@ class SubscriberCore:
     seq: int = 0
     store: dict[str, StateEntry] = field(default_factory=dict)
     resyncs: int = 0
+    request: int = 0  # the snapshot request being answered (numbered by resync)
     # The SUB stream has reached the snapshot's position: nothing older can still come.
     _caught_up: bool = False
     _buffer: list[StateDelta] = field(default_factory=list)
@@ -209,7 +212,8 @@ class SubscriberCore:
         self._buffer.clear()
         self._chunks.clear()
         self.resyncs += 1
-        return [RequestSnapshot(reason)]
+        self.request += 1
+        return [RequestSnapshot(reason, self.request)]
 
     def on_delta(self, delta: StateDelta) -> list[Output]:
         if self.phase is Phase.SYNCING:
@@ -239,8 +243,16 @@ class SubscriberCore:
             return self.resync(f"gap: got seq {delta.seq} after {self.seq}")
         return [self._apply(delta)]
 
-    def on_snapshot_chunk(self, chunk: SnapshotChunk) -> list[Output]:
-        if self.phase is not Phase.SYNCING:
+    def expects(self, request: int) -> bool:
+        """Whether a chunk answering snapshot request `request` is taken: only the latest
+        request's, while syncing. The rest of an answer to an earlier request still arrives
+        after a resync (same epoch and seq when nothing was published meanwhile), and its
+        `last` chunk must not end the sync with the earlier chunks missing."""
+        return self.phase is Phase.SYNCING and request == self.request
+
+    def on_snapshot_chunk(self, chunk: SnapshotChunk, request: int) -> list[Output]:
+        """A chunk of the answer to snapshot request `request` (RequestSnapshot.request)."""
+        if not self.expects(request):
             return []  # an answer to a request we no longer wait for
         if self._chunks and (chunk.epoch, chunk.seq) != (self._chunks[0].epoch,
                                                         self._chunks[0].seq):

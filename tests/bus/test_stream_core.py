@@ -35,11 +35,13 @@ class StreamMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.epoch = 1
-        self.pub = PublisherCore(epoch=self.epoch, max_bytes=1024 + 200)  # tiny: forces chunks
+        self.pub = PublisherCore(epoch=self.epoch, max_bytes=1024 + 60)  # tiny: 2 keys a chunk
         self.sub = SubscriberCore(prefix="")
         self.channel: list[StateDelta] = []  # PUB -> SUB, in order, may lose messages
-        self.pending_request = False
-        self.inflight: list[SnapshotChunk] = []  # snapshot chunks on their way
+        self.pending_request = 0  # the request the publisher has yet to answer
+        # Snapshot chunks on their way, with the request each answers: an answer to an
+        # earlier request still arrives after the subscriber asked again.
+        self.inflight: list[tuple[int, SnapshotChunk]] = []
         self.version = 0
         self.mirror: dict[str, StateEntry] = {}  # what the subscriber's callbacks built
         self.handle(self.sub.start())
@@ -47,8 +49,7 @@ class StreamMachine(RuleBasedStateMachine):
     def handle(self, outputs: list[Changed | RequestSnapshot]) -> None:
         for out in outputs:
             if isinstance(out, RequestSnapshot):
-                self.pending_request = True
-                self.inflight.clear()  # a fresh request supersedes an answer in transit
+                self.pending_request = out.request
             else:
                 if out.reset:
                     self.mirror = {}
@@ -89,13 +90,14 @@ class StreamMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.pending_request)
     @rule()
     def answer_snapshot(self) -> None:
-        self.pending_request = False
-        self.inflight = self.pub.snapshot()
+        request, self.pending_request = self.pending_request, 0
+        self.inflight.extend((request, chunk) for chunk in self.pub.snapshot())
 
     @precondition(lambda self: self.inflight)
     @rule()
     def deliver_chunk(self) -> None:
-        self.handle(self.sub.on_snapshot_chunk(self.inflight.pop(0)))
+        request, chunk = self.inflight.pop(0)
+        self.handle(self.sub.on_snapshot_chunk(chunk, request))
 
     @rule()
     def publisher_failover(self) -> None:
@@ -188,9 +190,31 @@ def synced(pub: PublisherCore) -> SubscriberCore:
     sub = SubscriberCore()
     sub.start()
     for chunk in pub.snapshot():
-        sub.on_snapshot_chunk(chunk)
+        sub.on_snapshot_chunk(chunk, sub.request)
     assert sub.phase is Phase.SYNCED
     return sub
+
+
+def test_the_rest_of_an_answer_to_an_earlier_request_does_not_end_the_sync() -> None:
+    """CI, stop 23: a snapshot whose patience ran out mid-transfer was asked again, and the
+    rest of the first answer (same epoch and seq) ended the sync with its first chunks
+    missing: the subscriber held a part of the state as if it were all of it, and
+    ignored the second answer."""
+    pub = PublisherCore(epoch=3, max_bytes=1024 + 60)
+    pub.apply([entry(k, 1) for k in KEYS])
+    sub = SubscriberCore()
+    first_request = sub.start()[0].request
+    first = pub.snapshot()
+    assert len(first) > 2
+    sub.on_snapshot_chunk(first[0], first_request)
+    second_request = sub.resync("snapshot timed out")[0].request
+    for chunk in first[1:]:  # the rest of the first answer arrives
+        assert sub.on_snapshot_chunk(chunk, first_request) == []
+    assert sub.phase is Phase.SYNCING
+    outs = [o for chunk in pub.snapshot() for o in sub.on_snapshot_chunk(chunk, second_request)]
+    assert sub.phase is Phase.SYNCED and sub.store == pub.store
+    assert outs == [Changed(list(sub.store.values()), reset=True)]
+    sub.validate()
 
 
 def test_a_publisher_restarted_at_the_same_epoch_makes_subscribers_resync() -> None:
@@ -238,13 +262,13 @@ def test_late_subscriber_converges_from_a_snapshot_then_deltas() -> None:
     pub = PublisherCore(epoch=3, max_bytes=4096)
     pub.apply([entry(k, 1) for k in KEYS])
     sub = SubscriberCore()
-    assert sub.start() == [RequestSnapshot("start")]
+    assert sub.start() == [RequestSnapshot("start", 1)]
     early = pub.apply([entry("agent/0", 2)])  # published while the snapshot is in flight
     for d in early:
         assert sub.on_delta(d) == []  # buffered, not applied
     outs = []
     for chunk in pub.snapshot():
-        outs += sub.on_snapshot_chunk(chunk)
+        outs += sub.on_snapshot_chunk(chunk, sub.request)
     assert isinstance(outs[0], Changed) and outs[0].reset
     assert sub.store == pub.store and sub.seq == pub.seq
 
@@ -254,7 +278,7 @@ def test_gap_and_lost_tail_trigger_a_resync() -> None:
     sub = SubscriberCore()
     sub.start()
     for chunk in pub.snapshot():
-        sub.on_snapshot_chunk(chunk)
+        sub.on_snapshot_chunk(chunk, sub.request)
     d1, = pub.apply([entry("a/1", 1)])
     pub.apply([entry("a/2", 2)])  # lost on the wire
     d3, = pub.apply([entry("a/3", 3)])
@@ -262,7 +286,7 @@ def test_gap_and_lost_tail_trigger_a_resync() -> None:
     assert isinstance(sub.on_delta(d3)[0], RequestSnapshot)
     # After a resync, losing the *last* delta is noticed from the idle heartbeat.
     for chunk in pub.snapshot():
-        sub.on_snapshot_chunk(chunk)
+        sub.on_snapshot_chunk(chunk, sub.request)
     pub.apply([entry("a/4", 4)])  # lost
     assert isinstance(sub.on_delta(pub.heartbeat())[0], RequestSnapshot)
 
@@ -273,7 +297,7 @@ def test_a_deposed_publisher_is_ignored() -> None:
     sub = SubscriberCore()
     sub.start()
     for chunk in new.snapshot():
-        sub.on_snapshot_chunk(chunk)
+        sub.on_snapshot_chunk(chunk, sub.request)
     assert sub.on_delta(old.apply([entry("a/1", 1)])[0]) == []
     assert "a/1" not in sub.store
 
