@@ -132,7 +132,17 @@ def test_why_decline_filters_hide_the_agents(cluster: Cluster) -> None:
             outputs.append(cluster.cli("why", "picky"))
             return f"decline filters hide {len(agents)} agent(s)" in outputs[-1]
 
-        wait_for(explained, 30, message=lambda: f"why said: {outputs[-1] if outputs else ''}")
+        def said() -> str:  # where each agent's offers went, should it fail
+            with rec.lock:
+                seen = [(round(t, 2), o.agent_id, o.offer_id) for t, o in rec.offers_seen]
+                rescinded = list(rec.rescinds)
+            offered = [(f.get("framework_info", {}).get("name"), f.get("offered_resources"))
+                       for f in cluster.state().get("frameworks", [])]
+            return (f"why said: {outputs[-1] if outputs else ''}\npicky saw offers "
+                    f"(time, agent, offer): {seen}; rescinded: {rescinded}; errors: "
+                    f"{rec.errors}\noffered, by the master's state: {offered}")
+
+        wait_for(explained, 30, message=said)
         assert any(agent in outputs[-1] for agent in agents)
         assert "REVIVE" in outputs[-1]
     finally:
