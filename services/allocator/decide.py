@@ -23,13 +23,13 @@ from services.allocator.quota import (
     limit_room,
     shortfalls,
 )
+from services.allocator.reasons import GUARANTEE_REASON, LOWER_SHARES_REASON, filtered_reason
 from services.resources import MILLI, Resources
 
 if TYPE_CHECKING:
     from services.allocator.core import AllocatorCore
 
 NOTHING = Resources()
-GUARANTEE_REASON = "the free resources are set aside for the quota guarantee"  # `why` reads it
 
 
 def decide(core: AllocatorCore, fw: Framework, note: Notes | None, any_offered: bool,
@@ -97,12 +97,10 @@ def decide(core: AllocatorCore, fw: Framework, note: Notes | None, any_offered: 
         elif first is not None:
             agent_id, until = first
             outcome = Outcome.FILTERED
-            reason = (f"{filtered} agent(s) filtered by its declines, e.g. {agent_id} "
-                      f"until t={until:.3f}")
+            reason = filtered_reason(filtered, agent_id, until)
         elif any_offered:
             outcome = Outcome.FAIR_SHARE
-            reason = (f"frameworks with a lower weighted share took the free resources "
-                      f"(its share {share.key:.3f})")
+            reason = f"{LOWER_SHARES_REASON} (its share {share.key:.3f})"
             if note.unfit is not None:
                 reason = (f"its next declared task <{note.unfit.resources}> fits none of the "
                           f"free resources left after frameworks with a lower weighted share "

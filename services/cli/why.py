@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import time
 import urllib.parse
@@ -19,6 +18,7 @@ from rich.console import Console
 
 from frameworks.spec import STATUS_SUFFIX
 from services import tasks
+from services.allocator.reasons import GUARANTEE_REASON, LOWER_SHARES_REASON, parse_filtered
 from services.cli.client import CliError, cluster_url, find_leader, http_get, master_state
 from services.cli.trace import Span, end_ns, names, start_ns
 from services.cli.trace import load_spans as load_spans  # (lifecycle.py's `why` reads the run dir)
@@ -132,12 +132,12 @@ def decline_sentences(found: list[Span], spans: list[Span], who: str) -> list[st
 def _filtered(d: Doc, now: float | None) -> str:
     n = int(d.get("agents_filtered", 0))
     reason = str(d.get("reason", ""))
-    m = re.search(r"e\.g\. (\S+) until t=([\d.]+)", reason)
+    first = parse_filtered(reason)
     text = f"its decline filters hide {n} agent(s) from it"
-    if m:
-        until = float(m.group(2))
+    if first is not None:
+        agent_id, until = first
         left = f", {until - now:.0f}s from now" if now is not None and until > now else ""
-        text += f", e.g. {m.group(1)} until {_clock(until)}{left}"
+        text += f", e.g. {agent_id} until {_clock(until)}{left}"
     elif reason:
         text += f" ({reason})"
     return text + " (a REVIVE clears them)"
@@ -190,15 +190,12 @@ def decision_sentence(d: Doc, decisions: list[Doc], state: Doc, spans: list[Span
         return (f"{who} got no offer in cycle {cycle}: its role's quota limit holds it back "
                 f"({d.get('reason', '')}); an operator may raise or clear the limit "
                 f"(offerbus roles quota {role} --limit RESOURCES, or --clear).")
-    # (Imported here: the allocator's policy modules cost every CLI command ~12 ms to load.)
-    from services.allocator.decide import GUARANTEE_REASON
-
     if outcome == "FAIR_SHARE" and str(d.get("reason", "")).startswith(GUARANTEE_REASON):
         return (f"{who} got no offer in cycle {cycle}: {d.get('reason', '')}; they come "
                 f"first until they hold their guarantee or have no demand left.")
     if outcome == "FAIR_SHARE":
         said = str(d.get("reason", ""))
-        more = ("" if not said or said.startswith("frameworks with a lower weighted share")
+        more = ("" if not said or said.startswith(LOWER_SHARES_REASON)
                 else f"; the allocator says: {said}")  # reclaiming, revoking, its next task
         return (f"{who} got no offer in cycle {cycle}: "
                 f"{_fair_share(d, decisions, state, spans)}{more}.")

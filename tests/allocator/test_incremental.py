@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from services.allocator.core import Agent, AllocatorCore, Cycle, Framework, Outcome
-from services.allocator.decide import GUARANTEE_REASON
 from services.allocator.fill import Shape, next_unit, take_unit
 from services.allocator.quota import apply
+from services.allocator.reasons import GUARANTEE_REASON
 from services.resources import Resources
 from tests.allocator.test_allocator_core import ROLES, agent_totals
 
@@ -456,3 +456,12 @@ TestIncrementalMachine = IncrementalMachine.TestCase
 TestIncrementalMachine.settings = settings(
     max_examples=200, stateful_step_count=50, deadline=None,
     suppress_health_check=[HealthCheck.too_slow])
+
+
+def test_a_filtered_reason_reads_back_as_written() -> None:
+    """`offerbus why` reads the first filtered agent and its expiry back from the sentence
+    the allocator wrote (services/allocator/reasons.py holds both sides)."""
+    from services.allocator.reasons import filtered_reason, parse_filtered
+
+    assert parse_filtered(filtered_reason(3, "c1-S7", 1795000000.25)) == ("c1-S7", 1795000000.25)
+    assert parse_filtered("no agent has free resources") is None

@@ -1,0 +1,27 @@
+"""The sentences of the allocator's decisions that `offerbus why` reads back, written once:
+decide.py writes them and services/cli/why.py recognises them (a light module: the CLI
+imports it without the allocator's policy)."""
+
+from __future__ import annotations
+
+import re
+
+# FAIR_SHARE: the free pool is kept for roles below their quota guarantee.
+GUARANTEE_REASON = "the free resources are set aside for the quota guarantee"
+# FAIR_SHARE: DRF gave what was free to others (nothing more to say than the shares).
+LOWER_SHARES_REASON = "frameworks with a lower weighted share took the free resources"
+
+_FILTERED = re.compile(r"(\d+) agent\(s\) filtered by its declines, e\.g\. (\S+) until "
+                       r"t=([\d.]+)")
+
+
+def filtered_reason(agents: int, agent_id: str, until: float) -> str:
+    """FILTERED: its decline filters hide `agents` agents, `agent_id` the first, until `until`
+    (seconds since the epoch)."""
+    return f"{agents} agent(s) filtered by its declines, e.g. {agent_id} until t={until:.3f}"
+
+
+def parse_filtered(reason: str) -> tuple[str, float] | None:
+    """(the first agent, until when) from a `filtered_reason`, or None."""
+    m = _FILTERED.search(reason)
+    return None if m is None else (m.group(2), float(m.group(3)))
