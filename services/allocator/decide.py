@@ -23,7 +23,12 @@ from services.allocator.quota import (
     limit_room,
     shortfalls,
 )
-from services.allocator.reasons import GUARANTEE_REASON, LOWER_SHARES_REASON, filtered_reason
+from services.allocator.reasons import (
+    GUARANTEE_REASON,
+    LOWER_SHARES_REASON,
+    filtered_reason,
+    quota_limit_reason,
+)
 from services.resources import MILLI, Resources
 
 if TYPE_CHECKING:
@@ -78,9 +83,7 @@ def decide(core: AllocatorCore, fw: Framework, note: Notes | None, any_offered: 
                       f"REQUEST asks for more")
         elif note.quota == "limit" or _at_limit(core, fw):
             outcome = Outcome.QUOTA_LIMIT
-            reason = (f"its role {fw.role} is at its quota limit ({_limits(core, fw.role)}): "
-                      f"what its frameworks hold (offered and used) leaves "
-                      f"{'no room for its next declared task' if fw.demands else 'nothing'}")
+            reason = quota_limit_reason(fw.role, _limits(core, fw.role), bool(fw.demands))
         elif fw.framework_id in core.fanout.held_back:
             outcome = Outcome.FAIR_SHARE
             reason = f"not offered more agents {held_back(core, fw)}"
@@ -146,10 +149,10 @@ def idle_filtered(core: AllocatorCore, fw: Framework) -> list[tuple[str, float]]
     return sorted(out, key=lambda e: core.agents[e[0]].seq)
 
 
-def _limits(core: AllocatorCore, role: str) -> str:
-    """The limits bounding the role (its own and its ancestors')."""
-    return ", ".join(f"{p} limit {describe(v)}" for p, v in core.quotas.limited.items()
-                     if role == p or role.startswith(p + "/"))
+def _limits(core: AllocatorCore, role: str) -> list[tuple[str, str]]:
+    """The limits bounding the role (its own and its ancestors'): (role, limit)."""
+    return [(p, describe(v)) for p, v in core.quotas.limited.items()
+            if role == p or role.startswith(p + "/")]
 
 
 def _set_aside(core: AllocatorCore, fw: Framework) -> bool:

@@ -5,6 +5,7 @@ imports it without the allocator's policy)."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 # FAIR_SHARE: the free pool is kept for roles below their quota guarantee.
 GUARANTEE_REASON = "the free resources are set aside for the quota guarantee"
@@ -19,6 +20,25 @@ def filtered_reason(agents: int, agent_id: str, until: float) -> str:
     """FILTERED: its decline filters hide `agents` agents, `agent_id` the first, until `until`
     (seconds since the epoch)."""
     return f"{agents} agent(s) filtered by its declines, e.g. {agent_id} until t={until:.3f}"
+
+
+def quota_limit_reason(role: str, limits: Iterable[tuple[str, str]], declared: bool) -> str:
+    """QUOTA_LIMIT: `role` is held by these limits ((limited role, limit), its own or its
+    ancestors')."""
+    held = ", ".join(f"{limited} limit {limit}" for limited, limit in limits)
+    return (f"its role {role} is at its quota limit ({held}): what its frameworks hold "
+            f"(offered and used) leaves "
+            f"{'no room for its next declared task' if declared else 'nothing'}")
+
+
+_LIMITS = re.compile(r"is at its quota limit \((.*?)\): what its frameworks hold")
+_LIMITED_ROLE = re.compile(r"(?:^|, )(\S+) limit ")
+
+
+def limited_roles(reason: str) -> list[str]:
+    """The roles whose limits a `quota_limit_reason` names (an operator raises those)."""
+    m = _LIMITS.search(reason)
+    return [] if m is None else _LIMITED_ROLE.findall(m.group(1))
 
 
 def parse_filtered(reason: str) -> tuple[str, float] | None:

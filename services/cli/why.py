@@ -18,7 +18,12 @@ from rich.console import Console
 
 from frameworks.spec import STATUS_SUFFIX
 from services import tasks
-from services.allocator.reasons import GUARANTEE_REASON, LOWER_SHARES_REASON, parse_filtered
+from services.allocator.reasons import (
+    GUARANTEE_REASON,
+    LOWER_SHARES_REASON,
+    limited_roles,
+    parse_filtered,
+)
 from services.cli.client import CliError, cluster_url, find_leader, http_get, master_state
 from services.cli.trace import Span, end_ns, names, start_ns
 from services.cli.trace import load_spans as load_spans  # (lifecycle.py's `why` reads the run dir)
@@ -186,10 +191,11 @@ def decision_sentence(d: Doc, decisions: list[Doc], state: Doc, spans: list[Span
     if outcome == "FILTERED":
         return f"{who} got no offer in cycle {cycle}: {_filtered(d, now)}."
     if outcome == "QUOTA_LIMIT":
-        role = str(d.get("role", "")) or "?"
+        roles = limited_roles(str(d.get("reason", ""))) or [str(d.get("role", "")) or "?"]
         return (f"{who} got no offer in cycle {cycle}: its role's quota limit holds it back "
-                f"({d.get('reason', '')}); an operator may raise or clear the limit "
-                f"(offerbus roles quota {role} --limit RESOURCES, or --clear).")
+                f"({d.get('reason', '')}); an operator may raise or clear the limit ("
+                + " or ".join(f"offerbus roles quota {r} --limit RESOURCES" for r in roles)
+                + ", or --clear).")
     if outcome == "FAIR_SHARE" and str(d.get("reason", "")).startswith(GUARANTEE_REASON):
         return (f"{who} got no offer in cycle {cycle}: {d.get('reason', '')}; they come "
                 f"first until they hold their guarantee or have no demand left.")

@@ -249,3 +249,17 @@ def test_why_names_a_quota_limit_and_a_guarantee() -> None:
     core.framework_added("fw-web", "*")
     out = why.explain("web", decisions_json(core.allocate(NOW + 1)), state_json(), [], {})
     assert "set aside for the quota guarantee of role(s) gold" in out[1], out
+
+
+def test_why_names_the_role_whose_limit_holds_a_sub_role_back() -> None:
+    """Seen this stop: a service of role q/web held by the limit on q was told to run
+    `offerbus roles quota q/web --limit ...`, which sets another limit and leaves q's."""
+    core = AllocatorCore()
+    core.agent_added("agent-1", "agent-1", AGENT)
+    core.set_quota("q", limit=Resources.of(cpus=0.5))
+    core.framework_added("fw-web", "q/web")
+    core.resources_used("agent-1", "fw-web", Resources.of(cpus=0.5))
+    out = why.explain("web", decisions_json(core.allocate(NOW)), state_json(), [], {})
+    assert "q limit cpus:0.5" in out[1], out
+    assert "offerbus roles quota q --limit" in out[1], out
+    assert "quota q/web" not in out[1], out
