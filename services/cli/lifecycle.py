@@ -80,9 +80,32 @@ def resuming(name: str, state: Doc, spec_exists: bool, process_alive: bool) -> s
 
 
 def service_query(name: str) -> str:
-    """The /state a run or stop polls: the frameworks of this name and the counts of their
-    tasks by state, no task or agent list (see services/master/view.py)."""
-    return urlencode({"framework_name": name, "tasks": 0, "agents": 0})
+    """The /state a run or stop polls: the frameworks of this name, the counts of their
+    tasks by state and the allocator's latest decision on them, no task or agent list (see
+    services/master/view.py)."""
+    return urlencode({"framework_name": name, "tasks": 0, "agents": 0, "decisions": 1})
+
+
+# The allocator's outcomes that keep offers from a framework (internal.proto), said in a
+# waiting run's progress line once it made no progress for SAY_WAITING_AFTER_S.
+WAITING_OUTCOMES = frozenset(("OUTCOME_FAIR_SHARE", "OUTCOME_NO_FIT", "OUTCOME_QUOTA_LIMIT",
+                              "OUTCOME_FILTERED", "OUTCOME_INACTIVE", "OUTCOME_SUPPRESSED"))
+SAY_WAITING_AFTER_S = 1.0
+MAX_SAID_CHARS = 200
+
+
+def allocator_says(state: Doc, name: str) -> str:
+    """"; allocator: REASON" when the allocator's latest decision on the service's framework
+    keeps offers from it (fair share: revocations under way, nothing fits, a quota limit,
+    its filters, not subscribed), else "": what a run waits for, in its progress line."""
+    fids = set(frameworks_named(state, name))
+    for d in state.get("decisions", []):
+        if d.get("framework_id") in fids and d.get("outcome") in WAITING_OUTCOMES:
+            reason = str(d.get("reason", "")) or str(d.get("outcome"))
+            if len(reason) > MAX_SAID_CHARS:
+                reason = reason[:MAX_SAID_CHARS - 1] + "…"
+            return f"; allocator: {reason}"
+    return ""
 
 
 def _task_states(state: Doc, name: str) -> Counter[str]:
@@ -357,10 +380,13 @@ def wait_running(args: argparse.Namespace, console: Console, url: str, want: int
             if pid is not None and not cluster.alive(pid):
                 raise CliError(f"the {name} framework exited; see {log}")
             # The master's state as it changes (held until then: StatePoller.next).
-            counts = service_counts(poll.next(), name, want)
+            doc = poll.next()
+            counts = service_counts(doc, name, want)
             failure = last_failure(args.run_dir, name) if pid is not None and \
                 counts.get("ended") else ""
-            shown.show(f"{name}: {summary(counts)}{failure}")
+            quiet = time.monotonic() - progress.last_progress >= SAY_WAITING_AFTER_S
+            waiting = allocator_says(doc, name) if quiet and counts.get("pending") else ""
+            shown.show(f"{name}: {summary(counts)}{failure}{waiting}")
             verdict = progress.observe(counts, time.monotonic())
             if verdict == "done":
                 console.print(f"[green]{name}: {want} instances RUNNING[/]")

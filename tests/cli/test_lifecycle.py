@@ -232,7 +232,24 @@ def test_counts_from_a_document_filtered_to_the_service() -> None:
     # Counts not filtered to this name are not taken for the service's.
     unfiltered = {**filtered, "filter": {"framework": [], "framework_name": ["db"]}}
     assert lifecycle.service_counts(unfiltered, "web", 3) == Counter(pending=3)
-    assert lifecycle.service_query("web") == "framework_name=web&tasks=0&agents=0"
+    assert lifecycle.service_query("web") == (
+        "framework_name=web&tasks=0&agents=0&decisions=1")
+
+
+def test_a_waiting_run_says_what_the_allocator_decided_on_its_framework() -> None:
+    doc = state({"fw-1": "web", "fw-2": "db"}, [])
+    doc["decisions"] = [
+        {"framework_id": "fw-2", "outcome": "OUTCOME_NO_FIT", "reason": "not this one"},
+        {"framework_id": "fw-1", "outcome": "OUTCOME_FAIR_SHARE",
+         "reason": "below its fair share: revoking cpus:1 of fw-2's tasks on a1 (grace 5 s)"}]
+    assert lifecycle.allocator_says(doc, "web") == (
+        "; allocator: below its fair share: revoking cpus:1 of fw-2's tasks on a1 (grace 5 s)")
+    doc["decisions"][1].update(outcome="OUTCOME_OFFERED", reason="offered 1 agent(s)")
+    assert lifecycle.allocator_says(doc, "web") == ""  # offers come: nothing to wait for
+    doc["decisions"][1].update(outcome="OUTCOME_NO_FIT", reason="x" * 500)
+    said = lifecycle.allocator_says(doc, "web")
+    assert len(said) == len("; allocator: ") + lifecycle.MAX_SAID_CHARS and said.endswith("…")
+    assert lifecycle.allocator_says({"frameworks": doc["frameworks"]}, "web") == ""
 
 
 def test_polls_are_frequent_while_things_change_and_back_off_when_not() -> None:

@@ -6,6 +6,9 @@ clearing it lets the service grow to all it wants."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -41,3 +44,26 @@ def test_a_limit_caps_a_sub_roles_service_until_cleared(quota_cluster: Cluster) 
     cli(quota_cluster, "roles", "quota", parent, "--clear")
     settle(quota_cluster, (name,), (8,))
     stop(quota_cluster, name)
+
+
+def test_a_run_held_by_a_limit_says_so_in_its_progress(quota_cluster: Cluster) -> None:
+    """Stop 23's note: a run waiting on the allocator (here a quota limit; fair-share
+    revocations alike) showed only "2 running, 2 pending" until it stalled. Its progress
+    line now gives the allocator's latest decision once it stops making progress."""
+    parent, name = f"h{TAG}", f"held{TAG}"
+    cli(quota_cluster, "roles", "quota", parent, "--limit", "cpus:0.2")
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "services.cli", "--run-dir", str(quota_cluster.run_dir),
+             "run", "--name", name, "--role", f"{parent}/web", "--instances", "4", "--cpus",
+             "0.1", "--mem", "32", "--image", "offerbus/busybox:latest", "--stall", "4", "--",
+             "sleep", "3600"], capture_output=True, text=True, timeout=120,
+            env={**os.environ, "COLUMNS": "300"})
+        assert out.returncode == 1, out.stdout + out.stderr
+        assert "no progress for 4s" in out.stdout, out.stdout
+        said = [line for line in out.stdout.splitlines() if "2 running, 2 pending" in line]
+        assert any("; allocator: its role" in line and "quota limit" in line
+                   for line in said), out.stdout
+    finally:
+        stop(quota_cluster, name)
+        cli(quota_cluster, "roles", "quota", parent, "--clear")
