@@ -205,12 +205,16 @@ class StateSubscriber:
         self.sub: zmq.Socket[bytes] | None = None
         self.snapshots = DealerClient(
             reactor, ctx, sender, self._on_reply,
+            on_connected=self._on_snapshot_server, on_gone=self._on_snapshot_server_gone,
             heartbeat=HeartbeatConfig(heartbeat_interval, max_missed), stats=self.stats,
             frame_limit=frame_limit, curve=curve, name="snapshot-client",
         )
         self._last_heard = reactor.now()
         self._snapshot_due: Timer | None = None
         self._asked = ("", 0)  # (message id, core's request number) of the last request
+        # The last request may be lost: not sent (no socket), or sent on a socket dropped
+        # since (the server missed its beats). Sent again once the server is reachable.
+        self._maybe_lost = False
         self._retry = SNAPSHOT_RETRY  # after a refused snapshot request
         self._watch = reactor.every(heartbeat_interval / 2, self._tick)
 
@@ -251,11 +255,27 @@ class StateSubscriber:
     def _request_snapshot(self, out: RequestSnapshot) -> None:
         self.stats.inc("state_resyncs")
         log.info("requesting snapshot", reason=out.reason, prefix=self.core.prefix)
+        self._send_request(out.request)
+
+    def _send_request(self, request: int) -> None:
         env = codec.Envelope()
         env.snapshot_request.prefix = self.core.prefix
-        self.snapshots.send(env)
-        self._asked = (env.message_id, out.request)  # replies name it in `in_reply_to`
+        self._maybe_lost = not self.snapshots.send(env)
+        self._asked = (env.message_id, request)  # replies name it in `in_reply_to`
         self._expect_progress()
+
+    def _on_snapshot_server_gone(self) -> None:
+        if not self.synced:
+            self._maybe_lost = True  # went with the dropped socket, or its answer will
+
+    def _on_snapshot_server(self) -> None:
+        """The snapshot server is reachable (again): a request that may have been lost is
+        asked again now, not after the whole patience."""
+        if self._maybe_lost and not self.synced:
+            self.stats.inc("snapshot_requests_resent")
+            log.info("asking for the snapshot again: the request may have been lost",
+                     prefix=self.core.prefix)
+            self._send_request(self.core.request)
 
     def _expect_progress(self) -> None:
         """The snapshot is late if no chunk of it comes within the patience: a large one

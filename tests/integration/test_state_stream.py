@@ -5,7 +5,8 @@ when it was the last one (idle heartbeats); a subscriber follows a new publisher
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 
 import pytest
 import zmq
@@ -163,6 +164,43 @@ def test_a_snapshot_slower_than_the_patience_but_progressing_is_not_asked_again(
     assert sub.stats.get("state_resyncs") == 1 and sub.stats.get("snapshots_late") == 0
     sub.close()
     link.close()
+    pub.close()
+
+
+def test_a_snapshot_asked_while_the_publisher_was_away_is_asked_again_once_it_is_back(
+    ctx: zmq.Context[zmq.Socket[bytes]],
+) -> None:
+    """Seen in CI (tests/integration/test_allocator_broker.py, under load): a publisher too
+    busy to answer made its subscriber resync ("publisher silent") in the very turn its
+    snapshot link gave up and dropped its socket; the request was lost with the socket, and
+    the subscriber waited its whole snapshot timeout before asking again. It asks again
+    as soon as the snapshot server is reachable."""
+    home, away = Reactor(), Reactor()  # the subscriber's, and the publisher's (not run)
+    pub = publisher(away, ctx, epoch=3)
+    pub.publish([entry("agent/a", 1)])
+    sub = StateSubscriber(home, ctx, Sender("allocator", ALLOCATOR), lambda c: None,
+                          heartbeat_interval=0.1, max_missed=5, snapshot_timeout=5.0)
+    sub.connect(pub.pub_endpoint, pub.snapshot_endpoint)
+
+    def both(until: Callable[[], bool], timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while not until() and time.monotonic() < deadline:
+            home.run_once(0.005)
+            away.run_once(0.005)
+        return until()
+
+    assert both(lambda: sub.synced, 5)
+    asked = sub.stats.get("state_resyncs")
+    # The publisher stops (its process stalls): beats, deltas and snapshots all stop.
+    assert home.run(until=lambda: sub.stats.get("peers_lost") > 0
+                    and sub.stats.get("state_resyncs") > asked, timeout=5)
+    assert not sub.synced
+    back = time.monotonic()
+    assert both(lambda: sub.synced, 4), "not synced within 4 s of the publisher's return"
+    took = time.monotonic() - back
+    assert took < 1.0, f"synced {took:.2f} s after the publisher came back (timeout 5 s)"
+    assert sub.store == pub.store
+    sub.close()
     pub.close()
 
 
