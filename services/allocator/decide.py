@@ -5,8 +5,9 @@ Made for the frameworks a cycle concerns (see AllocatorCore): offered, suppresse
 inactive are exactly what a full scan would say. Among the reasons for no offer, the
 incremental cycle sees less than a full scan (agents it does not visit, frameworks it does
 not consider on idle agents), so it may tell them apart differently, never untruly: it says
-filtered only when its filters refuse some agent, nothing fits only when no agent has
-free resources of its role."""
+filtered only when its filters refuse some agent (and counts every agent they are in
+force on, visited or not), nothing fits only when no agent has free resources of its role. The
+offers it holds unanswered are named (`reasons.holding_note`)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from services.allocator.reasons import (
     GUARANTEE_REASON,
     LOWER_SHARES_REASON,
     filtered_reason,
+    holding_note,
     quota_limit_reason,
 )
 from services.resources import MILLI, Resources
@@ -99,6 +101,9 @@ def decide(core: AllocatorCore, fw: Framework, note: Notes | None, any_offered: 
                       f"task fits no free resources: {said}")
         elif first is not None:
             agent_id, until = first
+            # The agents its filters are in force on, not only those this cycle visited (a
+            # decline per cycle: each cycle visits one agent). O(1), unlike re-checking them.
+            filtered = max(filtered, core.filters.filtered_agents(fw.framework_id))
             outcome = Outcome.FILTERED
             reason = filtered_reason(filtered, agent_id, until)
         elif any_offered:
@@ -117,6 +122,9 @@ def decide(core: AllocatorCore, fw: Framework, note: Notes | None, any_offered: 
             outcome = Outcome.NO_FIT
             reason = (f"no agent has free resources of role {fw.role} or '*' above "
                       f"cpus {core.min_cpus / MILLI:g} or mem {core.min_mem / MILLI:g}")
+    holding = core.fanout.on.get(fw.framework_id)
+    if holding and outcome not in (Outcome.OFFERED, Outcome.INACTIVE):
+        reason += holding_note(len(holding), min(holding, key=lambda a: core.agents[a].seq))
     return Decision(fw.framework_id, fw.role, outcome, reason, share.dominant_share,
                     share.dominant_resource, share.weight, share.shares, ids, filtered,
                     core.cycle, now)

@@ -48,6 +48,10 @@ class DeclineFilters:
         for agent_id in self.agents_of.get(framework_id, ()):
             yield agent_id, self.by_agent[agent_id][framework_id]
 
+    def filtered_agents(self, framework_id: str) -> int:
+        """On how many agents the framework has filters in force."""
+        return len(self.agents_of.get(framework_id, ()))
+
     def drop_framework(self, framework_id: str) -> None:
         for agent_id in self.agents_of.pop(framework_id, ()):
             self._unlink(agent_id, framework_id)

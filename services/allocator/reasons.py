@@ -17,8 +17,8 @@ _FILTERED = re.compile(r"(\d+) agent\(s\) filtered by its declines, e\.g\. (\S+)
 
 
 def filtered_reason(agents: int, agent_id: str, until: float) -> str:
-    """FILTERED: its decline filters hide `agents` agents, `agent_id` the first, until `until`
-    (seconds since the epoch)."""
+    """FILTERED: its decline filters are in force on `agents` agents; `agent_id`'s until
+    `until` (seconds since the epoch)."""
     return f"{agents} agent(s) filtered by its declines, e.g. {agent_id} until t={until:.3f}"
 
 
@@ -39,6 +39,22 @@ def limited_roles(reason: str) -> list[str]:
     """The roles whose limits a `quota_limit_reason` names (an operator raises those)."""
     m = _LIMITS.search(reason)
     return [] if m is None else _LIMITED_ROLE.findall(m.group(1))
+
+
+_HOLDING = re.compile(r"; it holds (\d+) offer\(s\) not answered yet, e\.g\. on (\S+)$")
+
+
+def holding_note(offers: int, agent_id: str) -> str:
+    """Added to a decision's reason: the framework holds offers it has not answered (their
+    resources are offered to nobody else until it answers or the broker's timeout ends
+    them). What `offerbus why` says when one of its agents seems missing."""
+    return f"; it holds {offers} offer(s) not answered yet, e.g. on {agent_id}"
+
+
+def parse_holding(reason: str) -> tuple[int, str] | None:
+    """(offers, an agent) from a `holding_note` ending `reason`, or None."""
+    m = _HOLDING.search(reason)
+    return None if m is None else (int(m.group(1)), m.group(2))
 
 
 def parse_filtered(reason: str) -> tuple[str, float] | None:

@@ -23,6 +23,7 @@ from services.allocator.reasons import (
     LOWER_SHARES_REASON,
     limited_roles,
     parse_filtered,
+    parse_holding,
 )
 from services.cli.client import CliError, cluster_url, find_leader, http_get, master_state
 from services.cli.trace import Span, end_ns, names, start_ns
@@ -138,7 +139,7 @@ def _filtered(d: Doc, now: float | None) -> str:
     n = int(d.get("agents_filtered", 0))
     reason = str(d.get("reason", ""))
     first = parse_filtered(reason)
-    text = f"its decline filters hide {n} agent(s) from it"
+    text = f"its decline filters are in force on {n} agent(s)"
     if first is not None:
         agent_id, until = first
         left = f", {until - now:.0f}s from now" if now is not None and until > now else ""
@@ -183,6 +184,20 @@ def _fair_share(d: Doc, decisions: list[Doc], state: Doc, spans: list[Span]) -> 
 
 def decision_sentence(d: Doc, decisions: list[Doc], state: Doc, spans: list[Span],
                       now: float | None = None) -> str:
+    """The allocator's latest decision on a framework, as a sentence; and the offers it
+    holds unanswered when the decision names them (resources no one else is offered)."""
+    text = _decision(d, decisions, state, spans, now)
+    holding = parse_holding(str(d.get("reason", "")))
+    if holding is not None and "not answered yet" not in text:
+        n, agent_id = holding
+        text += (f" It holds {n} offer(s) not answered yet (e.g. on {agent_id}): no other "
+                 f"framework is offered those resources until it answers, or the offer "
+                 f"times out.")
+    return text
+
+
+def _decision(d: Doc, decisions: list[Doc], state: Doc, spans: list[Span],
+              now: float | None) -> str:
     fid = str(d.get("framework_id", ""))
     outcome, cycle = _outcome(d), d.get("cycle", "?")
     who = f"Framework {_label(fid, state)}"

@@ -83,8 +83,8 @@ def test_a_framework_whose_decline_filter_hides_an_agent(spans: list[tv.Span]) -
     assert decisions[0]["outcome"] == "OUTCOME_FILTERED"
     out = why.explain("fw-big", decisions, state_json(), spans, {}, now=NOW + 1)
     until = why._clock(NOW + 5)
-    assert (f"Framework big (fw-big) got no offer in cycle 2: its decline filters hide 1 "
-            f"agent(s) from it, e.g. agent-2 until {until}, 4s from now") in out[1]
+    assert (f"Framework big (fw-big) got no offer in cycle 2: its decline filters are in force "
+            f"on 1 agent(s), e.g. agent-2 until {until}, 4s from now") in out[1]
     assert any("declined offers o-2, o-3 from agent-2, agent-3 (filtering them for 5s" in x
                and x.endswith(f"{NO_FIT}.") for x in out[2:]), out
 
@@ -263,3 +263,23 @@ def test_why_names_the_role_whose_limit_holds_a_sub_role_back() -> None:
     assert "q limit cpus:0.5" in out[1], out
     assert "offerbus roles quota q --limit" in out[1], out
     assert "quota q/web" not in out[1], out
+
+
+def test_why_says_which_offers_a_framework_holds_unanswered() -> None:
+    """CI, stop 23: a framework declining everything was offered two agents; `why` said its
+    filters hid one and was silent about the other (its offer never answered, so no one else
+    was offered it until it timed out). The decision names the offers it holds."""
+    core = core_with(["fw-web"])
+    first = core.allocate(NOW)
+    assert {a.agent_id for a in first.allocations} == {"agent-1", "agent-2"}
+    declined = next(a for a in first.allocations if a.agent_id == "agent-2")
+    core.recover("agent-2", "fw-web", declined.resources, 120.0, NOW + 1)
+    out = why.explain("web", decisions_json(core.allocate(NOW + 2)), state_json(), [], {},
+                      now=NOW + 2)
+    assert "decline filters are in force on 1 agent(s)" in out[1], out
+    assert "It holds 1 offer(s) not answered yet (e.g. on agent-1)" in out[1], out
+    core.recover("agent-1", "fw-web", core.agents["agent-1"].offered["fw-web"], 120.0, NOW + 3)
+    out = why.explain("web", decisions_json(core.allocate(NOW + 4)), state_json(), [], {},
+                      now=NOW + 4)
+    assert "decline filters are in force on 2 agent(s)" in out[1], out
+    assert "not answered" not in out[1], out

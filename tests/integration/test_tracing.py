@@ -130,7 +130,7 @@ def test_why_decline_filters_hide_the_agents(cluster: Cluster) -> None:
 
         def explained() -> bool:
             outputs.append(cluster.cli("why", "picky"))
-            return f"decline filters hide {len(agents)} agent(s)" in outputs[-1]
+            return f"decline filters are in force on {len(agents)} agent(s)" in outputs[-1]
 
         def said() -> str:  # where each agent's offers went, should it fail
             with rec.lock:
