@@ -5,7 +5,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -117,20 +118,36 @@ def test_why_a_framework_that_suppressed_gets_no_offers(cluster: Cluster) -> Non
 
 
 def test_why_decline_filters_hide_the_agents(cluster: Cluster) -> None:
+    """A framework declines one agent's offer and holds the other's; `why` names the filter
+    and the offer held. Once it declines that one too, in a later cycle, `why` counts both
+    agents: stop 23's CI failure, where declines landing in two cycles were counted 1."""
     from frameworks.sdk.driver import SchedulerDriver
     from tests.e2e import Recorder, framework
 
-    rec = Recorder(on_offers=lambda d, offers: [
-        d.decline([o.offer_id], 120.0, reason="not today") for o in offers])
+    lock = threading.Lock()
+    held: list[str] = []  # offers not answered yet (all but the first)
+
+    def on_offers(d: SchedulerDriver, offers: list[Any]) -> None:
+        with lock:
+            for o in offers:
+                if rec.offers_seen and o.offer_id == rec.offers_seen[0][1].offer_id:
+                    d.decline([o.offer_id], 120.0, reason="not today")
+                else:
+                    held.append(o.offer_id)
+
+    rec = Recorder(on_offers=on_offers)
     driver = SchedulerDriver(rec, framework("picky"), cluster.url)
     driver.start()
     try:
         outputs: list[str] = []
         agents = cluster.agent_ids()
+        assert len(agents) == 2
 
-        def explained() -> bool:
-            outputs.append(cluster.cli("why", "picky"))
-            return f"decline filters are in force on {len(agents)} agent(s)" in outputs[-1]
+        def why_says(*parts: str) -> Callable[[], bool]:
+            def check() -> bool:
+                outputs.append(cluster.cli("why", "picky"))
+                return all(p in outputs[-1] for p in parts)
+            return check
 
         def said() -> str:  # where each agent's offers went, should it fail
             with rec.lock:
@@ -142,9 +159,14 @@ def test_why_decline_filters_hide_the_agents(cluster: Cluster) -> None:
                     f"(time, agent, offer): {seen}; rescinded: {rescinded}; errors: "
                     f"{rec.errors}\noffered, by the master's state: {offered}")
 
-        wait_for(explained, 30, message=said)
+        wait_for(why_says("decline filters are in force on 1 agent(s)",
+                          "It holds 1 offer(s) not answered yet"), 30, message=said)
+        with lock:
+            assert len(held) == 1, held
+            driver.decline(held, 120.0, reason="not today either")
+        wait_for(why_says("decline filters are in force on 2 agent(s)"), 30, message=said)
         assert any(agent in outputs[-1] for agent in agents)
-        assert "REVIVE" in outputs[-1]
+        assert "REVIVE" in outputs[-1] and "not answered" not in outputs[-1], outputs[-1]
     finally:
         driver.stop()
         driver.join(10)
