@@ -231,15 +231,18 @@ def test_why_says_what_is_reclaimed_for_a_framework_below_its_share(
     assert "reclaiming offers of fw-web on agent-1" in out[1], out
 
 
-def test_why_names_a_quota_limit_and_a_guarantee() -> None:
-    from services.resources import Resources
-
+def held_by_a_limit(limited: str, role: str) -> tuple[AllocatorCore, list[str]]:
+    """`why web` on framework web of `role`, which holds all of role `limited`'s limit."""
     core = AllocatorCore()
     core.agent_added("agent-1", "agent-1", AGENT)
-    core.set_quota("web", limit=Resources.of(cpus=0.5))
-    core.framework_added("fw-web", "web")
+    core.set_quota(limited, limit=Resources.of(cpus=0.5))
+    core.framework_added("fw-web", role)
     core.resources_used("agent-1", "fw-web", Resources.of(cpus=0.5))
-    out = why.explain("web", decisions_json(core.allocate(NOW)), state_json(), [], {})
+    return core, why.explain("web", decisions_json(core.allocate(NOW)), state_json(), [], {})
+
+
+def test_why_names_a_quota_limit_and_a_guarantee() -> None:
+    core, out = held_by_a_limit("web", "web")
     assert "its role's quota limit holds it back" in out[1], out
     assert "web limit cpus:0.5" in out[1] and "offerbus roles quota web" in out[1], out
     core.framework_removed("fw-web")
@@ -254,12 +257,7 @@ def test_why_names_a_quota_limit_and_a_guarantee() -> None:
 def test_why_names_the_role_whose_limit_holds_a_sub_role_back() -> None:
     """Seen this stop: a service of role q/web held by the limit on q was told to run
     `offerbus roles quota q/web --limit ...`, which sets another limit and leaves q's."""
-    core = AllocatorCore()
-    core.agent_added("agent-1", "agent-1", AGENT)
-    core.set_quota("q", limit=Resources.of(cpus=0.5))
-    core.framework_added("fw-web", "q/web")
-    core.resources_used("agent-1", "fw-web", Resources.of(cpus=0.5))
-    out = why.explain("web", decisions_json(core.allocate(NOW)), state_json(), [], {})
+    _, out = held_by_a_limit("q", "q/web")
     assert "q limit cpus:0.5" in out[1], out
     assert "offerbus roles quota q --limit" in out[1], out
     assert "quota q/web" not in out[1], out
