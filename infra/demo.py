@@ -36,7 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("2. The agents (one per 'VM', each with its own resources and rack)", ["agents"]),
         (f"3. Deploy the demo service: {args.instances} containers through the service "
          "framework", ["run", "--name", "demo", "--image", args.image, "--instances",
-                       str(args.instances), "--cpus", "0.1", "--mem", "32",
+                       str(args.instances), "--cpus", "0.1", "--mem", "32", "--role", "demo",
                        "--", *DEMO_COMMAND]),
         ("4. Where each instance runs", ["tasks"]),
         ("5. The cluster at a glance", ["status"]),
@@ -65,7 +65,8 @@ def main(argv: Sequence[str] | None = None) -> int:
    {venv} agents / frameworks        the fleet and who uses it
    {venv} job plan frameworks/jobs/web.toml   where a job file's instances would go
    {venv} job run frameworks/jobs/web.toml    a job the cluster keeps running (`job list`)
-   {venv} roles quota demo --limit cpus:0.3   cap a role (then `{venv} why demo`)
+   {venv} roles quota demo --limit cpus:0.3   cap the demo's role; then `scale demo 10`
+                                 and `{venv} why demo` names the limit
    {venv} chaos run chaos/scenarios/short.toml   a short fault campaign on its own fleet
    dashboard, /state and /metrics:   the master's address in `{venv} status`
    logs of every service:            {args.run_dir}/logs/
