@@ -187,8 +187,9 @@ def decision_sentence(d: Doc, decisions: list[Doc], state: Doc, spans: list[Span
     """The allocator's latest decision on a framework, as a sentence; and the offers it
     holds unanswered when the decision names them (resources no one else is offered)."""
     text = _decision(d, decisions, state, spans, now)
-    holding = parse_holding(str(d.get("reason", "")))
-    if holding is not None and "not answered yet" not in text:
+    reason = str(d.get("reason", ""))
+    holding = parse_holding(reason)
+    if holding is not None and reason not in text:  # (a sentence that quotes the reason)
         n, agent_id = holding
         text += (f" It holds {n} offer(s) not answered yet (e.g. on {agent_id}): no other "
                  f"framework is offered those resources until it answers, or the offer "

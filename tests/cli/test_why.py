@@ -264,9 +264,10 @@ def test_why_names_the_role_whose_limit_holds_a_sub_role_back() -> None:
 
 
 def test_why_says_which_offers_a_framework_holds_unanswered() -> None:
-    """CI, stop 23: a framework declining everything was offered two agents; `why` said its
-    filters hid one and was silent about the other (its offer never answered, so no one else
-    was offered it until it timed out). The decision names the offers it holds."""
+    """A framework offered two agents declines one and holds the other's offer: `why` names
+    the filter and the offer held (no one else is offered it meanwhile). Once it declines
+    that one too, in a later cycle, both agents are counted: CI at stop 23 declined them in
+    two cycles, and `why` counted the last cycle's one."""
     core = core_with(["fw-web"])
     first = core.allocate(NOW)
     assert {a.agent_id for a in first.allocations} == {"agent-1", "agent-2"}
