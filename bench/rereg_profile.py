@@ -25,7 +25,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any, TypeVar
 
-from schemas import agent_pb2, common_pb2, scheduler_pb2
+from schemas import agent_pb2, common_pb2, scheduler_pb2, state_pb2
 from services import tasks
 from services.bus import codec
 from services.emulator.agents import AgentsCore, ToMaster
@@ -99,8 +99,10 @@ def emulator_side(emu: AgentsCore, n: int) -> list[tuple[str, bytes]]:
     return out
 
 
-def master_side(registry: dict[str, Any], calls: list[tuple[str, bytes]]) -> MasterCore:
-    new = MasterCore("m2", 8, recovered_registry=registry, now=T0 + 1)
+def master_side(registry: dict[str, Any], followed: list[state_pb2.TaskRecord],
+                calls: list[tuple[str, bytes]]) -> MasterCore:
+    new = MasterCore("m2", 8, recovered_registry=registry, followed_tasks=followed,
+                     now=T0 + 1)
     for channel, frame in calls:
         env = codec.Envelope()
         env.ParseFromString(frame)
@@ -122,6 +124,9 @@ def main() -> None:
     ap.add_argument("--tasks-per-agent", type=int, default=10)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--profile", choices=("emulator", "master"), default="")
+    ap.add_argument("--followed", action="store_true",
+                    help="the new master holds the old one's task records, as a standby that "
+                         "followed its stream does (master/follow.py)")
     ap.add_argument("--gc", choices=("master", "default", "off"), default="master",
                     help="the collector's thresholds: the master's (its __main__), Python's "
                          "defaults, or no collection (the setup's heap is frozen either way)")
@@ -137,12 +142,19 @@ def main() -> None:
         if args.gc == "off":
             gc.disable()
         calls = _timed(best, "emulator", args.profile, partial(emulator_side, emu, n))
+        # The old leader's task records, as a standby following its stream holds them: as
+        # a master rebuilds them from these re-registrations (the setup's old master
+        # registered the agents only).
+        followed = [x.record() for x in master_side(registry, [], calls).tasks.values()] \
+            if args.followed else []
         gc.collect()
-        new = _timed(best, "master", args.profile, partial(master_side, registry, calls))
+        new = _timed(best, "master", args.profile, partial(master_side, registry, followed, calls))
         running = sum(1 for x in new.tasks.values() if x.state == tasks.RUNNING)
         assert running == n * t, (running, n * t)
         assert all(a.status == 1 for a in new.agents.values())
-        del emu, calls, new
+        if args.followed:
+            assert new.tasks_held_back == n * t, new.tasks_held_back
+        del emu, calls, new, followed
         gc.enable()
         gc.unfreeze()
         gc.collect()

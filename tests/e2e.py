@@ -105,6 +105,24 @@ def leader_of(url: str, role: str = "master", timeout: float = 5.0) -> LeaderInf
     return info
 
 
+def members_of(url: str, role: str = "master") -> list[LeaderInfo]:
+    """Every contender of `role` (ZooKeeper elections), leader and standbys, in order."""
+    from services.cli.client import ElectionView
+
+    with ElectionView(url) as election:
+        members = election.members(role)
+    assert members is not None, f"{url}: not a ZooKeeper election (members unknown)"
+    return members
+
+
+def metric(info: LeaderInfo, name: str) -> float:
+    """An unlabelled sample of a service's /metrics (0 when absent)."""
+    with urllib.request.urlopen(info.endpoints["http"] + "/metrics", timeout=5) as r:
+        text = r.read().decode()
+    found = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
 @contextmanager
 def local_cluster_in(zk: Any, zk_admin: Any, run_dir: Path, name: str,
                      **options: Any) -> Iterator[Cluster]:

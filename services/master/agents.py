@@ -40,6 +40,7 @@ class _Plan:
     dropped: list[Task] = field(default_factory=list)  # the agent does not have them
     shutdown: set[str] = field(default_factory=set)  # removed frameworks it still runs
     adopt: dict[str, common_pb2.FrameworkInfo] = field(default_factory=dict)
+    held: int = 0  # of `add`: records as the previous leader had them (state.py `held`)
 
     def added(self) -> dict[str, Resources]:
         """What the live records to create hold, by framework (each summed once: a failover
@@ -183,6 +184,8 @@ class AgentHandlers(AgentLiveness):
         info = _copy_info(info)
         info.agent_id = aid
         was = self.recovering.pop(aid, None)
+        self.held.pop(aid, None)
+        self.tasks_held_back += plan.held
         if known is None:
             # Back after a master failover as the registry has it: registered since then.
             kept = was is not None and was.get("status") == "registered" \
@@ -238,6 +241,7 @@ class AgentHandlers(AgentLiveness):
               frameworks: Sequence[common_pb2.FrameworkInfo]) -> _Plan:
         plan = _Plan()
         infos = {f.framework_id: f for f in frameworks if f.framework_id}
+        held = self.held.get(aid) if known is None else None
         seen: set[TaskKey] = set()
         # The last task's resources, parsed: an agent's tasks mostly share one shape, and
         # comparing two messages costs half of parsing one (100,000 after a failover).
@@ -272,10 +276,22 @@ class AgentHandlers(AgentLiveness):
                     self._notice("invalid_task_resources",
                                  f"agent {aid}: task {fid}/{tid} has invalid resources",
                                  agent_id=aid)
+            task = self.tasks.get(key)
+            prior = held.get(key) if held is not None and task is None else None
+            if prior is not None:
+                held_status = prior.status
+                if held_status.state == state and held_status.executor_id == (
+                        reported_status.executor_id or r.executor_id):
+                    # The same run, in the same state, as the previous leader recorded it:
+                    # its record's parts are taken, not copied (the record is this core's).
+                    plan.add.append(Task(fid, aid, prior.task_info, held_status, res,
+                                         prior.launched_at_us / 1e6, prior.traceparent,
+                                         tuple(prior.offer_ids)))
+                    plan.held += 1
+                    continue
             status = common_pb2.TaskStatus()
             status.CopyFrom(reported_status)
             status.agent_id = aid
-            task = self.tasks.get(key)
             if task is None:
                 info = common_pb2.TaskInfo()
                 info.CopyFrom(task_info)

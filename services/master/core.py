@@ -14,7 +14,7 @@ messages to peers, one batched SchedulerEvent.Update per framework, one Publish.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from schemas import (
     agent_pb2,
@@ -23,6 +23,7 @@ from schemas import (
     internal_pb2,
     operator_pb2,
     scheduler_pb2,
+    state_pb2,
 )
 from services import tasks
 from services.bus.codec import DEFAULT_FRAME_LIMIT
@@ -74,6 +75,7 @@ class MasterCore(OperatorHandlers, RevocationHandlers):
     def __init__(self, master_id: str, epoch: int, *, agent_reregister_window_s: float = 60.0,
                  heartbeat_interval_ms: int = 1000,
                  recovered_registry: Mapping[str, object] | None = None,
+                 followed_tasks: Iterable[state_pb2.TaskRecord] = (),
                  max_completed_tasks: int = MAX_COMPLETED_TASKS,
                  cluster_id: str = "", id_prefix: str = "",
                  agent_timeout_s: float = AGENT_TIMEOUT_S,
@@ -86,7 +88,10 @@ class MasterCore(OperatorHandlers, RevocationHandlers):
         registry's is kept otherwise. `id_prefix`: unique to this leadership (see state.py).
         Agent liveness (`agent_timeout_s`, `agent_gone_timeout_s`, `max_gone_agents`,
         `stall_threshold_s`): see liveness.py. `acl`: who may use which roles and operator
-        actions (acl.py), checked for calls whose principal the shell knows (CURVE)."""
+        actions (acl.py), checked for calls whose principal the shell knows (CURVE).
+        `followed_tasks`: the previous leader's task records as this master followed its
+        stream while a standby (the shell's; none when it did not): held for the agents
+        recovering, see `held` in state.py."""
         super().__init__(master_id, epoch, agent_reregister_window_s=agent_reregister_window_s,
                          heartbeat_interval_ms=heartbeat_interval_ms,
                          max_completed_tasks=max_completed_tasks,
@@ -104,6 +109,10 @@ class MasterCore(OperatorHandlers, RevocationHandlers):
             self._registry_changed()  # a new cluster: its id is written once, now
         if recovered_registry:
             self._recover(recovered_registry)
+        for rec in followed_tasks:
+            if rec.agent_id in self.recovering:
+                self.held.setdefault(rec.agent_id, {})[
+                    (rec.framework_id, rec.task_info.task_id)] = rec
         if now is not None:  # else the first call's `now` starts the clocks
             self._begin(now)
 
@@ -265,6 +274,7 @@ class MasterCore(OperatorHandlers, RevocationHandlers):
         if self.recovering and now >= self.started_at + self.agent_reregister_window_s:
             for aid, entry in sorted(self.recovering.items()):
                 del self.recovering[aid]
+                self.held.pop(aid, None)
                 self.agents[aid] = Agent(
                     aid, common_pb2.AgentInfo(agent_id=aid,
                                               hostname=str(entry.get("hostname", ""))),

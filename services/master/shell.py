@@ -35,6 +35,7 @@ from services.master.commands import (
     ToOperator,
 )
 from services.master.core import MasterCore
+from services.master.follow import Follower
 from services.master.heard import LivenessReporter, report_interval
 from services.master.liveness import AGENT_GONE_TIMEOUT_S, AGENT_TIMEOUT_S, MAX_GONE_AGENTS
 from services.master.outbox import UpdateOutbox
@@ -113,6 +114,12 @@ class MasterShell(ServiceKit):
         for role, detector in self.detectors.items():
             self.reactor.add_reader(detector, partial(self._on_detector, role))
             detector.start()
+        # While a standby: the leading master's task records, for this master's core once
+        # elected (follow.py).
+        self.follower = Follower(
+            self.reactor, self.ctx, self.sender, config.election_url, config.master_id,
+            lambda: self.core is not None, heartbeat_interval=config.heartbeat_interval,
+            max_missed=config.max_missed, stats=self.stats, curve=self.curve.client)
         self.publisher = StatePublisher(
             self.reactor, self.ctx, self.sender, pub_bind=f"{tcp}:{config.pub_port or '*'}",
             snapshot_bind=f"{tcp}:{config.snapshot_port or '*'}", epoch=0,
@@ -143,6 +150,7 @@ class MasterShell(ServiceKit):
         self._status_spans = spans.StatusSpans()  # status spans, each update once
         self._updates_out = UpdateOutbox()  # updates to frameworks, sent once per turn
         self._revocations_before = Revocations()  # the counts of earlier reigns' cores
+        self._held_back_before = 0  # tasks_held_back of earlier reigns' cores
         self._register_metrics()
         self._register_handlers()
         self.reactor.on_idle(self._flush)
@@ -171,11 +179,13 @@ class MasterShell(ServiceKit):
         # Randomness lives here, not in the core: a fresh cluster id (kept only when the
         # registry has none) and an id prefix unique to this leadership.
         self._end_core()
+        followed = self.follower.take()
         self.core = MasterCore(
             self.config.master_id, epoch,
             agent_reregister_window_s=self.config.agent_reregister_window_s,
             heartbeat_interval_ms=int(self.config.heartbeat_interval * 1000),
-            recovered_registry=recovered, cluster_id=uuid.uuid4().hex,
+            recovered_registry=recovered, followed_tasks=followed,
+            cluster_id=uuid.uuid4().hex,
             id_prefix=f"{uuid.uuid4().hex[:8]}-{epoch}",
             agent_timeout_s=self.config.agent_timeout_s,
             agent_gone_timeout_s=self.config.agent_gone_timeout_s,
@@ -187,12 +197,14 @@ class MasterShell(ServiceKit):
                        leaders=dict(self._service_leaders))
         self.driver.attach(self.core)
         log.info("leading", epoch=epoch, cluster_id=self.core.cluster_id,
+                 followed_tasks=len(followed),
                  recovered_agents=len((recovered or {}).get("agents", {})),
                  recovered_frameworks=len((recovered or {}).get("frameworks", {})))
 
     def _end_core(self) -> None:
         """The reign's core goes: what it counted stays in the counters."""
         if self.core is not None:
+            self._held_back_before += self.core.tasks_held_back
             done, before = self.core.revocations, self._revocations_before
             before.requested += done.requested
             before.ignored += done.ignored
@@ -232,6 +244,7 @@ class MasterShell(ServiceKit):
         self._staged.clear()
         self.publisher.deactivate()
         self.view.step_down()
+        self.follower.follow()
 
     def _on_detector(self, role: int) -> None:
         """Who leads the broker's or the allocator's role: the one the internal port admits."""
@@ -540,6 +553,13 @@ class MasterShell(ServiceKit):
         m.counter_function("tasks_revoked", "Tasks killed when a revocation's grace period "
                            "passed (TASK_KILLED, REASON_TASK_REVOKED).",
                            lambda: float(counts().tasks_revoked))
+        m.gauge("followed_tasks", "Task records a standby holds from the leading master's "
+                "state stream, for its core once elected (0 while leading).",
+                value=lambda: float(self.follower.held))
+        m.counter_function("tasks_held_back", "Tasks re-registered after a master failover "
+                           "whose record came back as the previous leader had it (followed).",
+                           lambda: float(self._held_back_before + (
+                               core.tasks_held_back if (core := self.core) is not None else 0)))
 
     # -- lifecycle -----------------------------------------------------------------------
     def close(self, linger_ms: int = 0) -> None:
@@ -547,6 +567,7 @@ class MasterShell(ServiceKit):
             for detector in self.detectors.values():
                 self.reactor.remove_reader(detector)
                 detector.close()
+            self.follower.close()
 
         self.on_close(close_detectors)
         self.on_close(self._close_registry)

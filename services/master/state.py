@@ -84,6 +84,14 @@ class MasterState:
         self.jobs: dict[str, state_pb2.JobRecord] = {}  # jobs.py
         # After a master failover: registry agents not re-registered yet (id -> entry).
         self.recovering: dict[str, dict[str, object]] = {}
+        # After a master failover: the previous leader's task records of recovering agents,
+        # as this master followed its stream while a standby (agent id -> task key ->
+        # record). An agent re-registering with a task in the same state gets the record
+        # back as it was (launch time, trace, offers, full latest status); what the agent
+        # reports differently, or does not report, is its word (agents.py `_plan`). An
+        # agent's entry goes when it re-registers or its window ends.
+        self.held: dict[str, dict[TaskKey, state_pb2.TaskRecord]] = {}
+        self.tasks_held_back = 0  # re-registered tasks whose held record was taken back
         self.removed_frameworks: OrderedDict[str, None] = OrderedDict()
         self.agent_peers: dict[bytes, str] = {}
         self.framework_peers: dict[bytes, str] = {}
@@ -480,6 +488,7 @@ class MasterState:
             if agent.peer is not None:
                 assert agent.status == REGISTERED and self.agent_peers.get(agent.peer) == aid
             assert aid not in self.recovering
+        assert self.held.keys() <= self.recovering.keys()
         assert all(self.agents[a].peer == p for p, a in self.agent_peers.items())
         for fid, fw in self.frameworks.items():
             assert fw.framework_id == fid

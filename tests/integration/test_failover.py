@@ -17,7 +17,7 @@ from frameworks.service import ServiceScheduler, ServiceSpec
 from infra.zookeeper import ZooKeeperServer
 from services.bus.election import detector_from_url
 from services.cli import cluster as local_cluster
-from tests.e2e import Cluster, framework, local_cluster_in
+from tests.e2e import Cluster, framework, leader_of, local_cluster_in, members_of, metric
 from tests.waiting import wait_for
 
 INSTANCES = 4
@@ -71,6 +71,11 @@ class Service:
         self.driver.join(10)
 
 
+def task_records(cluster: Cluster) -> dict[str, dict[str, Any]]:
+    """task id -> its record, as the leading master has it"""
+    return {t["task_info"]["task_id"]: t for t in cluster.state()["tasks"]}
+
+
 def known_tasks(cluster: Cluster) -> dict[str, str]:
     """task id -> state, as the leading master knows them"""
     return {t["task_info"]["task_id"]: t["status"]["state"] for t in cluster.state()["tasks"]}
@@ -84,6 +89,13 @@ def test_running_tasks_survive_the_death_of_the_leading_master(
         before = service.containers()
         assert set(before) == service.running()
         old_leader, old_epoch = leader(cluster.url)
+        # The standby follows the leader's task records (follow.py), to hold them once
+        # elected: each task then keeps its launch time, trace and offers.
+        (standby,) = [m for m in members_of(cluster.url) if m.member_id != old_leader]
+        wait_for(lambda: metric(standby, "offerbus_master_followed_tasks") >= INSTANCES, 15,
+                 message="the standby master does not follow the leader's tasks")
+        records = task_records(cluster)
+        assert all(r.get("traceparent") for r in records.values()), records
         pid_file = cluster.run_dir / "pids" / ("master.pid" if old_leader == "master-1"
                                                else f"{old_leader}.pid")
         os.kill(int(pid_file.read_text()), signal.SIGKILL)
@@ -99,6 +111,11 @@ def test_running_tasks_survive_the_death_of_the_leading_master(
         wait_for(lambda: known_tasks(cluster) == {tid: "TASK_RUNNING" for tid in before}, 30,
                  message=lambda: f"new master's tasks: {known_tasks(cluster)}")
         recovered_in = time.monotonic() - killed_at
+        # As the old leader recorded them, not launched anew at the failover, untraced.
+        kept = ("launched_at_us", "traceparent", "offer_ids")
+        assert {tid: [r.get(k) for k in kept] for tid, r in task_records(cluster).items()} \
+            == {tid: [r.get(k) for k in kept] for tid, r in records.items()}
+        assert metric(leader_of(cluster.url), "offerbus_master_tasks_held_back_total") == INSTANCES
         # The framework re-subscribed under its id and launched nothing new.
         wait_for(lambda: cluster.state()["frameworks"][0].get("connected") is True, 30,
                  message="the framework did not re-subscribe")

@@ -29,6 +29,7 @@ from tests.e2e import (
     framework,
     launch,
     local_cluster_in,
+    metric,
     reset_connections,
     sleep_task,
 )
@@ -63,13 +64,6 @@ def get_json(url: str) -> dict[str, Any]:
             return json.loads(r.read())  # type: ignore[no-any-return]
     except urllib.error.HTTPError as exc:  # 503 while not leading: the body still says why
         return json.loads(exc.read())  # type: ignore[no-any-return]
-
-
-def metric(info: LeaderInfo, name: str) -> float:
-    with urllib.request.urlopen(info.endpoints["http"] + "/metrics", timeout=5) as r:
-        text = r.read().decode()
-    found = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
-    return float(found.group(1)) if found else 0.0
 
 
 def reconnects(cluster: Cluster, process: str, role: str) -> int:

@@ -149,6 +149,47 @@ def test_reregistration_after_master_failover_rebuilds_the_same_tasks() -> None:
     new.validate()
 
 
+def test_a_followed_task_comes_back_as_the_previous_leader_recorded_it() -> None:
+    """A standby that followed the leader's stream holds its task records: an agent
+    re-registering with a task in the same state gets the record back whole (launch time,
+    trace, offers, the latest status with its uuid), so the new leader's stream entry is
+    the old one's. Before, the task was launched "now", untraced, its status the agent's
+    bare state. What the agent reports differently is its word."""
+    old, aid, fid = cluster()
+    running(old, aid, fid, "t1", "t2", "t3")
+    held = [t.record() for t in old.tasks.values()]
+    held[2].status.executor_id = "t3.earlier-run"  # an earlier run of a task id
+    new = MasterCore("m2", 8, recovered_registry=old.registry_document(),
+                     followed_tasks=held, now=T0 + 100)
+    assert new.held.keys() == {aid}
+    new.validate()
+    reregister(new, b"a1-new", aid, [reported(fid, "t1", TS.TASK_RUNNING),
+                                     reported(fid, "t2", TS.TASK_FINISHED),
+                                     reported(fid, "t3", TS.TASK_RUNNING)],
+               frameworks=[old.frameworks[fid].info], now=T0 + 101)
+    t1 = new.tasks[(fid, "t1")]
+    assert t1.record() == old.tasks[(fid, "t1")].record()
+    assert (t1.launched_at, t1.traceparent, t1.offer_ids) == (T0, "00-tp", ("o1",))
+    assert t1.status.uuid == b"t1-run"  # the agent's resend of it is a retry, not news
+    t2, t3 = new.tasks[(fid, "t2")], new.tasks[(fid, "t3")]
+    assert t2.state == TS.TASK_FINISHED and t2.launched_at == T0 + 101  # the agent's word
+    assert t3.traceparent == "" and t3.launched_at == T0 + 101  # not the same run
+    assert new.tasks_held_back == 1 and not new.held
+    new.validate()
+
+
+def test_held_records_of_an_agent_not_back_go_with_its_window() -> None:
+    old, aid, fid = cluster()
+    running(old, aid, fid, "t1")
+    new = MasterCore("m2", 8, recovered_registry=old.registry_document(),
+                     followed_tasks=[t.record() for t in old.tasks.values()],
+                     agent_reregister_window_s=60, now=T0 + 100)
+    new.tick(T0 + 161)
+    assert not new.held and new.agents[aid].status == 2  # UNREACHABLE
+    assert (fid, "t1") not in new.tasks
+    new.validate()
+
+
 def test_an_agent_reregistering_as_the_registry_has_it_writes_no_registry() -> None:
     """After a failover every agent re-registers at once: one whose registry entry stays as
     it was (registered, same hostname and principal) costs no registry write, or the new

@@ -1,0 +1,91 @@
+"""A standby master's following of the leading master's state stream: the leader's task
+records, kept so that once elected this master's core holds them (`followed_tasks`, see
+`held` in state.py) and a re-registered task comes back as the leader had it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import zmq
+
+from schemas import state_pb2
+from services.bus import codec
+from services.bus.curve import CurveClient
+from services.bus.election import LeaderChanged, LeaderInfo, detector_from_url
+from services.bus.epoch import EpochFence
+from services.bus.log import get_logger
+from services.bus.peer import Sender
+from services.bus.reactor import Reactor
+from services.bus.statestream import StateSubscriber
+from services.bus.stats import Stats
+
+log = get_logger("master")
+MASTER = codec.Role.Value("ROLE_MASTER")
+
+
+class Follower:
+    """Follows whoever leads the master role, unless it is this master (`member_id`) or
+    `leading()` says this master leads; `take()` ends the following with what it holds."""
+
+    def __init__(self, reactor: Reactor, ctx: zmq.Context[zmq.Socket[bytes]],
+                 sender: Sender, election_url: str, member_id: str,
+                 leading: Callable[[], bool], *, heartbeat_interval: float, max_missed: int,
+                 stats: Stats, curve: CurveClient | None) -> None:
+        self.reactor, self.ctx, self.sender = reactor, ctx, sender
+        self.member_id = member_id
+        self.leading = leading
+        self.heartbeat_interval, self.max_missed = heartbeat_interval, max_missed
+        self.stats, self.curve = stats, curve
+        self.fence = EpochFence(frozenset({MASTER}))
+        self.leader: LeaderInfo | None = None
+        self.subscriber: StateSubscriber | None = None
+        self.detector = detector_from_url(election_url, "master")
+        reactor.add_reader(self.detector, self._on_detector)
+        self.detector.start()
+
+    @property
+    def held(self) -> int:
+        """Task records held now (read from an HTTP thread: a dict's len)."""
+        sub = self.subscriber
+        return len(sub.store) if sub is not None else 0
+
+    def _on_detector(self) -> None:
+        for event in self.detector.events():
+            if isinstance(event, LeaderChanged):
+                self.leader = event.leader
+                self.fence.follow(MASTER, event.leader)
+                self.follow()
+
+    def follow(self) -> None:
+        """Follow the leading master's task records, if another master leads."""
+        leader = self.leader
+        if self.leading() or leader is None or leader.member_id == self.member_id:
+            return
+        pub, snapshot = leader.endpoints.get("pub"), leader.endpoints.get("snapshot")
+        if not pub or not snapshot:
+            log.warning("the leading master advertises no state stream",
+                        leader=leader.member_id, endpoints=leader.endpoints)
+            return
+        if self.subscriber is None:
+            self.subscriber = StateSubscriber(
+                self.reactor, self.ctx, self.sender, lambda change: None, prefix="tasks/",
+                heartbeat_interval=self.heartbeat_interval, max_missed=self.max_missed,
+                stats=self.stats, fence=self.fence, curve=self.curve)
+        self.subscriber.connect(pub, snapshot)
+        log.info("following the leading master", leader=leader.member_id, epoch=leader.epoch)
+
+    def take(self) -> list[state_pb2.TaskRecord]:
+        """The task records followed (none if no whole snapshot came), and no more following
+        until `follow()`."""
+        sub, self.subscriber = self.subscriber, None
+        if sub is None:
+            return []
+        sub.close()
+        if sub.core.epoch == 0:  # never had a whole snapshot: a part could mislead
+            return []
+        return [e.value.task for e in sub.store.values() if e.value.HasField("task")]
+
+    def close(self) -> None:
+        self.reactor.remove_reader(self.detector)
+        self.detector.close()
+        self.take()
