@@ -7,18 +7,31 @@ import random
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+MAX_PEER_INTERVAL_S = 60.0  # the most a peer's advertised heartbeat interval is believed
+
 
 @dataclass
 class Liveness:
-    """One peer: when we last heard from it and when we last sent to it."""
+    """One peer: when we last heard from it and when we last sent to it. It is judged by
+    the longer of our interval and the one it advertises in its heartbeats (a peer beating
+    every 1 s is not gone after 5 x our 0.2 s)."""
 
     interval: float
     max_missed: int
     last_heard: float
     last_sent: float
+    peer_interval: float = 0.0  # as the peer's heartbeats advertise it (0: not yet known)
 
-    def heard(self, now: float) -> None:
+    def heard(self, now: float, interval: float | None = None) -> None:
+        """A message at `now`; `interval`: the one a heartbeat advertises (seconds)."""
         self.last_heard = max(self.last_heard, now)
+        if interval is not None:
+            self.advertised(interval)
+
+    def advertised(self, interval: float) -> None:
+        """The peer's heartbeat interval, as it says (nonsense ignored; capped)."""
+        if interval > 0:  # not NaN, not <= 0
+            self.peer_interval = min(interval, MAX_PEER_INTERVAL_S)
 
     def sent(self, now: float) -> None:
         self.last_sent = max(self.last_sent, now)
@@ -29,7 +42,7 @@ class Liveness:
 
     def expired(self, now: float) -> bool:
         """True once the peer missed `max_missed` beats."""
-        return now - self.last_heard > self.interval * self.max_missed
+        return now - self.last_heard > max(self.interval, self.peer_interval) * self.max_missed
 
 
 @dataclass
@@ -40,13 +53,17 @@ class PeerTable:
     max_missed: int
     peers: dict[bytes, Liveness] = field(default_factory=dict)
 
-    def heard(self, peer: bytes, now: float) -> bool:
-        """Record a message from `peer`; returns True when the peer is new."""
+    def heard(self, peer: bytes, now: float, interval: float | None = None) -> bool:
+        """Record a message from `peer` (`interval`: the one its heartbeat advertises);
+        returns True when the peer is new."""
         live = self.peers.get(peer)
         if live is None:
-            self.peers[peer] = Liveness(self.interval, self.max_missed, now, float("-inf"))
+            live = self.peers[peer] = Liveness(self.interval, self.max_missed, now,
+                                               float("-inf"))
+            if interval is not None:
+                live.advertised(interval)
             return True
-        live.heard(now)
+        live.heard(now, interval)
         return False
 
     def sent(self, peer: bytes, now: float) -> None:

@@ -351,8 +351,10 @@ class RouterServer(_Endpoint):
         return [p.bytes for p in parts]
 
     def _deliver(self, peer: bytes, env: codec.Envelope) -> None:
-        new = self.peers.heard(peer, self.reactor.now())
-        if env.WhichOneof("payload") == "heartbeat":
+        beat = env.WhichOneof("payload") == "heartbeat"
+        new = self.peers.heard(peer, self.reactor.now(),
+                               env.heartbeat.interval_ms / 1000 if beat else None)
+        if beat:
             if new:  # answer at once so a (re)connecting client learns we are alive
                 self._send_heartbeat(peer)
             return
@@ -552,6 +554,8 @@ class DealerClient(_Endpoint):
     def _deliver(self, peer: bytes, env: codec.Envelope) -> None:
         if env.WhichOneof("payload") != "heartbeat":
             self.on_message(env)
+        elif self.live is not None:  # judged by its interval too (liveness.py)
+            self.live.advertised(env.heartbeat.interval_ms / 1000)
 
     def _tick(self) -> None:
         if self._held:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.bus.liveness import Backoff, Liveness, PeerTable
+from services.bus.liveness import MAX_PEER_INTERVAL_S, Backoff, Liveness, PeerTable
 
 
 def test_peer_is_gone_only_after_max_missed_intervals() -> None:
@@ -25,6 +25,36 @@ def test_any_traffic_counts_as_a_beat() -> None:
     live.sent(0.9)
     assert not live.beat_due(1.5)
     assert live.beat_due(1.95)
+
+
+def test_a_peer_is_judged_by_the_longer_of_its_advertised_interval_and_ours() -> None:
+    """A peer whose heartbeats say it beats every 1 s is not gone after 5 x our 0.2 s: it
+    was, and a service configured with a shorter interval than its peers dropped and
+    re-made their connections every second (seen with the broker at --heartbeat 0.2)."""
+    table = PeerTable(interval=0.2, max_missed=5)
+    table.heard(b"slow", 0.0, interval=1.0)
+    table.heard(b"fast", 0.0)
+    _, gone = table.tick(1.5)
+    assert gone == [b"fast"]
+    _, gone = table.tick(4.9)
+    assert gone == []
+    table.heard(b"slow", 4.9)  # a message without an interval keeps the advertised one
+    _, gone = table.tick(9.8)
+    assert gone == []
+    _, gone = table.tick(9.95)
+    assert gone == [b"slow"]
+    # Our interval stays the floor: a faster peer is given our patience.
+    table.heard(b"eager", 10.0, interval=0.05)
+    assert table.tick(10.9)[1] == [] and table.tick(11.05)[1] == [b"eager"]
+
+
+def test_an_advertised_interval_that_is_nonsense_or_huge_is_not_believed() -> None:
+    live = Liveness(interval=0.2, max_missed=5, last_heard=0.0, last_sent=0.0)
+    for bad in (0.0, -1.0, float("nan")):
+        live.advertised(bad)
+    assert live.expired(1.01)
+    live.advertised(1e9)  # capped: a peer cannot keep its entry for ever
+    assert not live.expired(MAX_PEER_INTERVAL_S * 5) and live.expired(MAX_PEER_INTERVAL_S * 5.01)
 
 
 def test_peer_table_beats_idle_peers_and_drops_silent_ones() -> None:

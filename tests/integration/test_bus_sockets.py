@@ -159,6 +159,35 @@ def test_server_reports_a_silent_client_gone(ctx: zmq.Context[zmq.Socket[bytes]]
     server.close()
 
 
+@pytest.mark.parametrize(("server_s", "client_s"), [(0.1, 0.5), (0.5, 0.1)])
+def test_peers_with_different_heartbeat_intervals_do_not_drop_each_other(
+    ctx: zmq.Context[zmq.Socket[bytes]], server_s: float, client_s: float
+) -> None:
+    """Each side judges the other by the longer of the two intervals (the heartbeats say
+    theirs): before, the side with the shorter one declared its peer gone after 5 of its
+    own intervals and re-made the connection, again and again."""
+    reactor = Reactor()
+    server_lost: list[bytes] = []
+    client_events: list[str] = []
+    server = RouterServer(reactor, ctx, "tcp://127.0.0.1:*", Sender("master-1", MASTER),
+                          lambda p, e: None, on_peer_gone=server_lost.append,
+                          heartbeat=HeartbeatConfig(interval=server_s, max_missed=3))
+    client = DealerClient(
+        reactor, ctx, Sender("agent-1", AGENT), lambda e: None,
+        on_connected=lambda: client_events.append("connected"),
+        on_gone=lambda: client_events.append("gone"),
+        heartbeat=HeartbeatConfig(interval=client_s, max_missed=3))
+    client.connect(server.endpoint)
+    assert reactor.run(until=lambda: client_events == ["connected"], timeout=5)
+    # Ten of the shorter side's patience windows: before, each of them lost its peer.
+    flapped = reactor.run(until=lambda: bool(server_lost) or "gone" in client_events,
+                          timeout=10 * 3 * min(server_s, client_s) + 1.5)
+    assert not flapped, (server_lost, client_events)
+    assert server.stats.get("peers_lost") == 0 and client.stats.get("peers_lost") == 0
+    client.close()
+    server.close()
+
+
 def test_stale_epoch_messages_are_dropped_and_answered(
     ctx: zmq.Context[zmq.Socket[bytes]]
 ) -> None:
