@@ -25,7 +25,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any, TypeVar
 
-from schemas import agent_pb2, common_pb2, scheduler_pb2, state_pb2
+from schemas import agent_pb2, bus_pb2, common_pb2, scheduler_pb2
 from services import tasks
 from services.bus import codec
 from services.emulator.agents import AgentsCore, ToMaster
@@ -99,7 +99,7 @@ def emulator_side(emu: AgentsCore, n: int) -> list[tuple[str, bytes]]:
     return out
 
 
-def master_side(registry: dict[str, Any], followed: list[state_pb2.TaskRecord],
+def master_side(registry: dict[str, Any], followed: list[bus_pb2.StateEntry],
                 calls: list[tuple[str, bytes]]) -> MasterCore:
     new = MasterCore("m2", 8, recovered_registry=registry, followed_tasks=followed,
                      now=T0 + 1)
@@ -145,8 +145,8 @@ def main() -> None:
         # The old leader's task records, as a standby following its stream holds them: as
         # a master rebuilds them from these re-registrations (the setup's old master
         # registered the agents only).
-        followed = [x.record() for x in master_side(registry, [], calls).tasks.values()] \
-            if args.followed else []
+        followed = [e for e in master_side(registry, [], calls).snapshot_entries()
+                    if e.key.startswith("tasks/")] if args.followed else []
         gc.collect()
         new = _timed(best, "master", args.profile, partial(master_side, registry, followed, calls))
         running = sum(1 for x in new.tasks.values() if x.state == tasks.RUNNING)

@@ -40,7 +40,9 @@ class _Plan:
     dropped: list[Task] = field(default_factory=list)  # the agent does not have them
     shutdown: set[str] = field(default_factory=set)  # removed frameworks it still runs
     adopt: dict[str, common_pb2.FrameworkInfo] = field(default_factory=dict)
-    held: int = 0  # of `add`: records as the previous leader had them (state.py `held`)
+    # Of `add`: the records as the previous leader had them, taken back whole (state.py
+    # `held`): already on the stream.
+    taken: set[TaskKey] = field(default_factory=set)
 
     def added(self) -> dict[str, Resources]:
         """What the live records to create hold, by framework (each summed once: a failover
@@ -184,8 +186,9 @@ class AgentHandlers(AgentLiveness):
         info = _copy_info(info)
         info.agent_id = aid
         was = self.recovering.pop(aid, None)
-        self.held.pop(aid, None)
-        self.tasks_held_back += plan.held
+        for fid, tid in self._release_held(aid).keys() - plan.taken:  # the agent's word
+            self._touch("task", fid, tid)
+        self.tasks_held_back += len(plan.taken)
         if known is None:
             # Back after a master failover as the registry has it: registered since then.
             kept = was is not None and was.get("status") == "registered" \
@@ -277,8 +280,9 @@ class AgentHandlers(AgentLiveness):
                                  f"agent {aid}: task {fid}/{tid} has invalid resources",
                                  agent_id=aid)
             task = self.tasks.get(key)
-            prior = held.get(key) if held is not None and task is None else None
-            if prior is not None:
+            followed = held.get(key) if held is not None and task is None else None
+            if followed is not None:
+                prior = followed.value.task
                 held_status = prior.status
                 if held_status.state == state and held_status.executor_id == (
                         reported_status.executor_id or r.executor_id):
@@ -287,7 +291,7 @@ class AgentHandlers(AgentLiveness):
                     plan.add.append(Task(fid, aid, prior.task_info, held_status, res,
                                          prior.launched_at_us / 1e6, prior.traceparent,
                                          tuple(prior.offer_ids)))
-                    plan.held += 1
+                    plan.taken.add(key)
                     continue
             status = common_pb2.TaskStatus()
             status.CopyFrom(reported_status)
@@ -329,8 +333,11 @@ class AgentHandlers(AgentLiveness):
         out: list[Command] = []
         for fid, info in plan.adopt.items():
             self._adopt_framework(fid, info)
+        taken = plan.taken
         for task in plan.add:
-            self._add_task(task, account=False)
+            self._add_task(task, account=False,
+                           publish=not taken or (task.framework_id, task.info.task_id)
+                           not in taken)
         if added:
             agent.used += Resources.total(added.values())
             for fid, held in added.items():

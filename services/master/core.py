@@ -23,7 +23,6 @@ from schemas import (
     internal_pb2,
     operator_pb2,
     scheduler_pb2,
-    state_pb2,
 )
 from services import tasks
 from services.bus.codec import DEFAULT_FRAME_LIMIT
@@ -75,7 +74,7 @@ class MasterCore(OperatorHandlers, RevocationHandlers):
     def __init__(self, master_id: str, epoch: int, *, agent_reregister_window_s: float = 60.0,
                  heartbeat_interval_ms: int = 1000,
                  recovered_registry: Mapping[str, object] | None = None,
-                 followed_tasks: Iterable[state_pb2.TaskRecord] = (),
+                 followed_tasks: Iterable[bus_pb2.StateEntry] = (),
                  max_completed_tasks: int = MAX_COMPLETED_TASKS,
                  cluster_id: str = "", id_prefix: str = "",
                  agent_timeout_s: float = AGENT_TIMEOUT_S,
@@ -89,7 +88,7 @@ class MasterCore(OperatorHandlers, RevocationHandlers):
         Agent liveness (`agent_timeout_s`, `agent_gone_timeout_s`, `max_gone_agents`,
         `stall_threshold_s`): see liveness.py. `acl`: who may use which roles and operator
         actions (acl.py), checked for calls whose principal the shell knows (CURVE).
-        `followed_tasks`: the previous leader's task records as this master followed its
+        `followed_tasks`: the previous leader's task entries as this master followed its
         stream while a standby (the shell's; none when it did not): held for the agents
         recovering, see `held` in state.py."""
         super().__init__(master_id, epoch, agent_reregister_window_s=agent_reregister_window_s,
@@ -109,10 +108,13 @@ class MasterCore(OperatorHandlers, RevocationHandlers):
             self._registry_changed()  # a new cluster: its id is written once, now
         if recovered_registry:
             self._recover(recovered_registry)
-        for rec in followed_tasks:
-            if rec.agent_id in self.recovering:
-                self.held.setdefault(rec.agent_id, {})[
-                    (rec.framework_id, rec.task_info.task_id)] = rec
+        for entry in followed_tasks:
+            rec = entry.value.task
+            aid = rec.agent_id
+            if aid in self.recovering and not entry.deleted:
+                key = (rec.framework_id, rec.task_info.task_id)
+                self.held.setdefault(aid, {})[key] = entry
+                self.held_keys[key] = aid
         if now is not None:  # else the first call's `now` starts the clocks
             self._begin(now)
 
@@ -274,7 +276,8 @@ class MasterCore(OperatorHandlers, RevocationHandlers):
         if self.recovering and now >= self.started_at + self.agent_reregister_window_s:
             for aid, entry in sorted(self.recovering.items()):
                 del self.recovering[aid]
-                self.held.pop(aid, None)
+                for fid, tid in self._release_held(aid):  # off the stream: not known here
+                    self._touch("task", fid, tid)
                 self.agents[aid] = Agent(
                     aid, common_pb2.AgentInfo(agent_id=aid,
                                               hostname=str(entry.get("hostname", ""))),

@@ -8,7 +8,6 @@ from collections.abc import Callable
 
 import zmq
 
-from schemas import state_pb2
 from services.bus import codec
 from services.bus.curve import CurveClient
 from services.bus.election import LeaderChanged, LeaderInfo, detector_from_url
@@ -18,6 +17,7 @@ from services.bus.peer import Sender
 from services.bus.reactor import Reactor
 from services.bus.statestream import StateSubscriber
 from services.bus.stats import Stats
+from services.bus.stream_core import StateEntry
 
 log = get_logger("master")
 MASTER = codec.Role.Value("ROLE_MASTER")
@@ -74,8 +74,8 @@ class Follower:
         self.subscriber.connect(pub, snapshot)
         log.info("following the leading master", leader=leader.member_id, epoch=leader.epoch)
 
-    def take(self) -> list[state_pb2.TaskRecord]:
-        """The task records followed (none if no whole snapshot came), and no more following
+    def take(self) -> list[StateEntry]:
+        """The task entries followed (none if no whole snapshot came), and no more following
         until `follow()`."""
         sub, self.subscriber = self.subscriber, None
         if sub is None:
@@ -83,7 +83,7 @@ class Follower:
         sub.close()
         if sub.core.epoch == 0:  # never had a whole snapshot: a part could mislead
             return []
-        return [e.value.task for e in sub.store.values() if e.value.HasField("task")]
+        return list(sub.store.values())  # "tasks/" entries (the prefix), none deleted
 
     def close(self) -> None:
         self.reactor.remove_reader(self.detector)

@@ -86,11 +86,14 @@ class MasterState:
         self.recovering: dict[str, dict[str, object]] = {}
         # After a master failover: the previous leader's task records of recovering agents,
         # as this master followed its stream while a standby (agent id -> task key ->
-        # record). An agent re-registering with a task in the same state gets the record
-        # back as it was (launch time, trace, offers, full latest status); what the agent
-        # reports differently, or does not report, is its word (agents.py `_plan`). An
-        # agent's entry goes when it re-registers or its window ends.
-        self.held: dict[str, dict[TaskKey, state_pb2.TaskRecord]] = {}
+        # record; `held_keys`: task key -> agent id). They stay on this leader's stream as
+        # they were (its snapshot has them: subscribers keep what they had, unchanged). An
+        # agent re-registering with a task in the same state and run gets the record back
+        # whole, published no more (the stream has it); what the agent reports differently
+        # or not at all is its word, published (agents.py `_plan`). An agent's held records
+        # go when it re-registers or its window ends.
+        self.held: dict[str, dict[TaskKey, bus_pb2.StateEntry]] = {}
+        self.held_keys: dict[TaskKey, str] = {}
         self.tasks_held_back = 0  # re-registered tasks whose held record was taken back
         self.removed_frameworks: OrderedDict[str, None] = OrderedDict()
         self.agent_peers: dict[bytes, str] = {}
@@ -154,6 +157,10 @@ class MasterState:
     def _entry(self, key: Dirty) -> bus_pb2.StateEntry:
         """The stream entry of `key` now, each record copied once, into the entry."""
         kind = key[0]
+        if kind == "task" and (key[1], key[2]) not in self.tasks:
+            aid = self.held_keys.get((key[1], key[2]))
+            if aid is not None:  # as the previous leader published it (never changed)
+                return self.held[aid][(key[1], key[2])]
         entry = bus_pb2.StateEntry(key=self._key(key))
         value = entry.value
         if kind == "task" and (key[1], key[2]) in self.tasks:
@@ -180,7 +187,7 @@ class MasterState:
         """The whole state, for a fresh publisher (after a failover, or a restart)."""
         keys: list[Dirty] = [("agent", a) for a in sorted(self.agents)]
         keys += [("framework", f) for f in sorted(self.frameworks)]
-        keys += [("task", f, t) for f, t in sorted(self.tasks)]
+        keys += [("task", f, t) for f, t in sorted(self.tasks.keys() | self.held_keys.keys())]
         keys += [("role", r) for r in sorted(self.roles)]
         keys += [("decision", f) for f in sorted(self.decisions)]
         keys += [("job", j) for j in sorted(self.jobs)]
@@ -242,6 +249,15 @@ class MasterState:
         self._touch("role", role)
         self._registry_changed()
         return rec
+
+    def _release_held(self, agent_id: str) -> dict[TaskKey, bus_pb2.StateEntry]:
+        """The agent's held records, held no more (the caller publishes each key again
+        whose record it did not take back whole: as this core has it then, or deleted)."""
+        held = self.held.pop(agent_id, {})
+        for key in held:
+            if self.held_keys.get(key) == agent_id:
+                del self.held_keys[key]
+        return held
 
     def _registry_changed(self, *agent_ids: str) -> None:
         """The registry entries of `agent_ids` changed; with none, the cluster id, the
@@ -333,9 +349,10 @@ class MasterState:
         self._updates.setdefault(framework_id, []).append(status)
         return True
 
-    def _add_task(self, task: Task, *, account: bool = True) -> None:
+    def _add_task(self, task: Task, *, account: bool = True, publish: bool = True) -> None:
         """A new record (launch, or an agent's report). Non-terminal ones hold resources
-        (`account` False: the caller adds them to the agent's and framework's `used`)."""
+        (`account` False: the caller adds them to the agent's and framework's `used`).
+        `publish` False: the stream has the record already (a held one taken back)."""
         state = task.status.state
         tasks.check_storable(state)
         fid, tid = key = (task.framework_id, task.info.task_id)  # read once (a failover adds 100k)
@@ -362,7 +379,8 @@ class MasterState:
                 agent.used += task.resources
             dirty["agent", task.agent_id] = None
         dirty["framework", fid] = None
-        dirty["task", fid, tid] = None
+        if publish:
+            dirty["task", fid, tid] = None
 
     def _set_status(self, task: Task, status: common_pb2.TaskStatus, *,
                     checked: bool = True) -> None:
@@ -489,6 +507,7 @@ class MasterState:
                 assert agent.status == REGISTERED and self.agent_peers.get(agent.peer) == aid
             assert aid not in self.recovering
         assert self.held.keys() <= self.recovering.keys()
+        assert self.held_keys == {k: aid for aid, recs in self.held.items() for k in recs}
         assert all(self.agents[a].peer == p for p, a in self.agent_peers.items())
         for fid, fw in self.frameworks.items():
             assert fw.framework_id == fid

@@ -6,6 +6,7 @@ from __future__ import annotations
 from schemas import agent_pb2, bus_pb2, common_pb2, operator_pb2, scheduler_pb2
 from services.master.commands import (
     Command,
+    Publish,
     Reject,
     ToFramework,
     ToOperator,
@@ -149,6 +150,11 @@ def test_reregistration_after_master_failover_rebuilds_the_same_tasks() -> None:
     new.validate()
 
 
+def followed(core: MasterCore) -> list[bus_pb2.StateEntry]:
+    """The task entries of `core`'s stream, as a standby following it holds them."""
+    return [e for e in core.snapshot_entries() if e.key.startswith("tasks/")]
+
+
 def test_a_followed_task_comes_back_as_the_previous_leader_recorded_it() -> None:
     """A standby that followed the leader's stream holds its task records: an agent
     re-registering with a task in the same state gets the record back whole (launch time,
@@ -157,16 +163,29 @@ def test_a_followed_task_comes_back_as_the_previous_leader_recorded_it() -> None
     bare state. What the agent reports differently is its word."""
     old, aid, fid = cluster()
     running(old, aid, fid, "t1", "t2", "t3")
-    held = [t.record() for t in old.tasks.values()]
-    held[2].status.executor_id = "t3.earlier-run"  # an earlier run of a task id
+    launch(old, fid, aid, "t4", rid="r4")  # the agent never gets it
+    held = followed(old)  # t1, t2, t3, t4
+    held[2].value.task.status.executor_id = "t3.earlier-run"  # an earlier run of a task id
     new = MasterCore("m2", 8, recovered_registry=old.registry_document(),
                      followed_tasks=held, now=T0 + 100)
     assert new.held.keys() == {aid}
+    # The new leader's stream starts with them as they were: subscribers keep theirs.
+    first = {e.key: e for e in new.snapshot_entries()}
+    assert [first[e.key] for e in held] == held
     new.validate()
-    reregister(new, b"a1-new", aid, [reported(fid, "t1", TS.TASK_RUNNING),
-                                     reported(fid, "t2", TS.TASK_FINISHED),
-                                     reported(fid, "t3", TS.TASK_RUNNING)],
-               frameworks=[old.frameworks[fid].info], now=T0 + 101)
+    cmds = reregister(new, b"a1-new", aid, [reported(fid, "t1", TS.TASK_RUNNING),
+                                            reported(fid, "t2", TS.TASK_FINISHED),
+                                            reported(fid, "t3", TS.TASK_RUNNING)],
+                      frameworks=[old.frameworks[fid].info], now=T0 + 101)
+    # Published: what changed (the agent's word), not the record taken back whole.
+    changed = {e.key: e for p in only(cmds, Publish) for e in p.entries}
+    assert f"tasks/{fid}/t1" not in changed
+    assert changed[f"tasks/{fid}/t2"].value.task.status.state == TS.TASK_FINISHED
+    assert changed[f"tasks/{fid}/t3"].value.task.launched_at_us == int((T0 + 101) * 1e6)
+    assert changed[f"tasks/{fid}/t4"].deleted
+    stream = first | changed  # what a subscriber holds now: as if all were published
+    assert {e.key: e for e in new.snapshot_entries()} == {
+        k: e for k, e in stream.items() if not e.deleted}
     t1 = new.tasks[(fid, "t1")]
     assert t1.record() == old.tasks[(fid, "t1")].record()
     assert (t1.launched_at, t1.traceparent, t1.offer_ids) == (T0, "00-tp", ("o1",))
@@ -182,11 +201,14 @@ def test_held_records_of_an_agent_not_back_go_with_its_window() -> None:
     old, aid, fid = cluster()
     running(old, aid, fid, "t1")
     new = MasterCore("m2", 8, recovered_registry=old.registry_document(),
-                     followed_tasks=[t.record() for t in old.tasks.values()],
+                     followed_tasks=followed(old),
                      agent_reregister_window_s=60, now=T0 + 100)
-    new.tick(T0 + 161)
+    assert f"tasks/{fid}/t1" in {e.key for e in new.snapshot_entries()}
+    cmds = new.tick(T0 + 161)
     assert not new.held and new.agents[aid].status == 2  # UNREACHABLE
     assert (fid, "t1") not in new.tasks
+    assert f"tasks/{fid}/t1" in published(cmds)  # off the stream: not known here
+    assert published(cmds)[f"tasks/{fid}/t1"] is None
     new.validate()
 
 

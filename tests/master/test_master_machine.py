@@ -17,9 +17,23 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from schemas import agent_pb2, bus_pb2, common_pb2, internal_pb2, operator_pb2, scheduler_pb2
+from schemas import (
+    agent_pb2,
+    bus_pb2,
+    common_pb2,
+    internal_pb2,
+    operator_pb2,
+    scheduler_pb2,
+)
 from services import tasks
-from services.master.commands import Command, PersistRegistry, Reject, ToAgent, ToFramework
+from services.master.commands import (
+    Command,
+    PersistRegistry,
+    Publish,
+    Reject,
+    ToAgent,
+    ToFramework,
+)
 from services.master.core import MasterCore
 from services.master.records import REGISTERED
 from services.master.registry import merge
@@ -73,6 +87,9 @@ class MasterMachine(RuleBasedStateMachine):
         self.now = T0
         self.epoch = 1
         self.core = self._core("m1", 1)
+        # The task entries a subscriber of the stream holds: the leader's snapshot, then
+        # every publication (a standby following it holds the same).
+        self.stream = self._tasks_of(self.core.snapshot_entries())
         self.written: dict[str, Any] = {}  # the registry as the shell's writer keeps it
         self.machines = [Machine() for _ in range(3)]
         self.scheds = [Scheduler() for _ in range(3)]
@@ -81,10 +98,15 @@ class MasterMachine(RuleBasedStateMachine):
         self.task_seq = 0
 
     # -- plumbing ----------------------------------------------------------------------
-    def _core(self, master_id: str, epoch: int, doc: Any = None) -> MasterCore:
+    def _core(self, master_id: str, epoch: int, doc: Any = None,
+              followed: list[bus_pb2.StateEntry] | None = None) -> MasterCore:
         return MasterCore(master_id, epoch, agent_reregister_window_s=30, agent_timeout_s=4.0,
                           agent_gone_timeout_s=60.0, max_gone_agents=1,
-                          recovered_registry=doc, now=self.now)
+                          recovered_registry=doc, followed_tasks=followed or (), now=self.now)
+
+    @staticmethod
+    def _tasks_of(entries: list[bus_pb2.StateEntry]) -> dict[str, bus_pb2.StateEntry]:
+        return {e.key: e for e in entries if e.key.startswith("tasks/")}
 
     def _peer(self, kind: str) -> bytes:
         self.gen += 1
@@ -99,6 +121,14 @@ class MasterMachine(RuleBasedStateMachine):
         replies: list[tuple[Machine, str, str, tasks.State]] = []
         asked: list[Machine] = []
         for c in cmds:
+            if isinstance(c, Publish):
+                for e in c.entries:
+                    if not e.key.startswith("tasks/"):
+                        continue
+                    if e.deleted:
+                        self.stream.pop(e.key, None)
+                    else:
+                        self.stream[e.key] = e
             if isinstance(c, Notice) and c.kind in ("master_stalled", "gone_agents_pruned"):
                 event(c.kind)
             elif isinstance(c, Notice) and c.kind == "revocation_ignored":
@@ -401,12 +431,15 @@ class MasterMachine(RuleBasedStateMachine):
         self.run(self.core.tick(self.now))
         self.report()
 
-    @rule()
-    def master_fails_over(self) -> None:
+    @rule(followed=st.booleans())
+    def master_fails_over(self, followed: bool) -> None:
+        """`followed`: the standby followed the leader's stream (master/follow.py)."""
         doc = self.core.registry_document()
         self.written = copy.deepcopy(doc)  # what the new leader's writer loads
         self.epoch += 1
-        self.core = self._core(f"m{self.epoch}", self.epoch, doc)
+        held = list(self.stream.values()) if followed else None
+        self.core = self._core(f"m{self.epoch}", self.epoch, doc, held)
+        self.stream = self._tasks_of(self.core.snapshot_entries())  # subscribers resync
         for s in self.scheds:
             s.peer = None
         for m in self.machines:
@@ -424,6 +457,8 @@ class MasterMachine(RuleBasedStateMachine):
                 if not tasks.is_terminal(state):
                     rec = self.core.tasks[key]
                     assert rec.state == state and rec.agent_id == m.agent_id
+            if followed and self.core.tasks_held_back:
+                event("failover: records held back")
         for i, s in enumerate(self.scheds):
             if s.fid and s.fid in self.core.frameworks:
                 self.scheduler_fails_over(i, True)
@@ -431,6 +466,9 @@ class MasterMachine(RuleBasedStateMachine):
     @invariant()
     def consistent(self) -> None:
         self.core.validate()
+        # What the stream said, entry by entry, is the state: a subscriber is never left
+        # with a task record the master no longer has (or an old one).
+        assert self.stream == self._tasks_of(self.core.snapshot_entries())
         # The changes written, applied one after another, make the whole registry.
         doc = self.core.registry_document()
         for section in ("agents", "frameworks", "roles", "cluster_id"):
