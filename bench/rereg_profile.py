@@ -101,7 +101,7 @@ def emulator_side(emu: AgentsCore, n: int) -> list[tuple[str, bytes]]:
 
 def master_side(registry: dict[str, Any], followed: list[bus_pb2.StateEntry],
                 calls: list[tuple[str, bytes]]) -> MasterCore:
-    new = MasterCore("m2", 8, recovered_registry=registry, followed_tasks=followed,
+    new = MasterCore("m2", 8, recovered_registry=registry, followed=followed,
                      now=T0 + 1)
     for channel, frame in calls:
         env = codec.Envelope()
@@ -146,7 +146,7 @@ def main() -> None:
         # a master rebuilds them from these re-registrations (the setup's old master
         # registered the agents only).
         followed = [e for e in master_side(registry, [], calls).snapshot_entries()
-                    if e.key.startswith("tasks/")] if args.followed else []
+                    if e.key.startswith(("agents/", "tasks/"))] if args.followed else []
         gc.collect()
         new = _timed(best, "master", args.profile, partial(master_side, registry, followed, calls))
         running = sum(1 for x in new.tasks.values() if x.state == tasks.RUNNING)

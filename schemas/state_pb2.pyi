@@ -99,6 +99,10 @@ class AgentRecord(_message.Message):
         """removed for good (never re-admitted under this id)"""
         AGENT_STATUS_DRAINING: AgentRecord._Status.ValueType  # 4
         """no new offers; running tasks left alone"""
+        AGENT_STATUS_RECOVERING: AgentRecord._Status.ValueType  # 5
+        """Known to a new leading master from the previous one's stream, not re-registered
+        with it yet: no offers; its tasks as the previous leader had them, still counted.
+        """
 
     class Status(_Status, metaclass=_StatusEnumTypeWrapper): ...
     AGENT_STATUS_UNSPECIFIED: AgentRecord.Status.ValueType  # 0
@@ -110,6 +114,10 @@ class AgentRecord(_message.Message):
     """removed for good (never re-admitted under this id)"""
     AGENT_STATUS_DRAINING: AgentRecord.Status.ValueType  # 4
     """no new offers; running tasks left alone"""
+    AGENT_STATUS_RECOVERING: AgentRecord.Status.ValueType  # 5
+    """Known to a new leading master from the previous one's stream, not re-registered
+    with it yet: no offers; its tasks as the previous leader had them, still counted.
+    """
 
     AGENT_INFO_FIELD_NUMBER: _builtins.int
     STATUS_FIELD_NUMBER: _builtins.int

@@ -111,6 +111,7 @@ class AllocatorCore:
         self.cycle = 0
         self._agent_seq = 0
         self._dirty: set[str] = set()  # agents the next cycle visits with every framework
+        self.away: set[str] = set()  # agents never visited until back (agent_away)
         self._idle: set[str] = set()  # agents left allocatable, refused by every framework
         self._fresh: set[str] = set()  # frameworks the next cycle tries on idle agents
         self._touched: set[str] = set()  # frameworks whose decision the next cycle re-makes
@@ -162,6 +163,21 @@ class AllocatorCore:
             agent.offered = before
             raise
 
+    def agent_away(self, agent_id: str) -> None:
+        """The agent is known but not reachable for now (a new master waits for it to
+        re-register): nothing is offered on it, its tasks' resources stay counted."""
+        self._agent(agent_id)
+        self.away.add(agent_id)
+        self._dirty.discard(agent_id)
+        self._idle.discard(agent_id)
+
+    def agent_back(self, agent_id: str) -> None:
+        """An away agent is reachable again: visited with every framework next cycle."""
+        self._agent(agent_id)
+        if agent_id in self.away:
+            self.away.discard(agent_id)
+            self._dirty.add(agent_id)
+
     def agent_removed(self, agent_id: str) -> None:
         """The agent is gone (or unreachable): its offers and tasks' resources vanish."""
         agent = self._agent(agent_id)
@@ -183,6 +199,7 @@ class AllocatorCore:
         del self.agents[agent_id]
         self._dirty.discard(agent_id)
         self._idle.discard(agent_id)
+        self.away.discard(agent_id)
 
     # -- frameworks and roles ----------------------------------------------------------
     def framework_added(self, framework_id: str, role: str, active: bool = True,

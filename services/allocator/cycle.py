@@ -33,6 +33,8 @@ def visit(core: AllocatorCore, fresh: set[str], notes: dict[str, Notes],
         fresh = set()
     fresh_order = [e for e in order if e[1] in fresh]
     visit = dirty | idle if fresh_order else dirty
+    if core.away:  # nothing is offered on an away agent
+        visit = visit - core.away
     # In the order agents came (seq); sorted as objects by an attrgetter, not by a Python
     # key function per agent (a cycle at 10,000 agents sorts thousands of them).
     ids: Iterable[str] = (agents if len(visit) == len(agents) else

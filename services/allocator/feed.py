@@ -8,6 +8,9 @@ the same as the one last taken in for its key (all it says applied) is not even 
 
 - agents: REGISTERED ones are in the core; UNREACHABLE, GONE, DRAINING and deleted ones are
   removed (their offers and tasks' usage vanish; tasks are replayed if the agent returns).
+  A RECOVERING one (a new master waits for it to re-register) stays, away: nothing is
+  offered on it and its tasks' usage stays counted, so a master failover neither drops
+  nor replays 100,000 tasks.
   A changed total (reconfigured, or a reservation made or undone inside an ACCEPT: another
   reserved/unreserved split) is applied with `agent_total_changed`, which moves the labels
   of the offers the reservation came from (services/allocator/reserved.py).
@@ -33,6 +36,7 @@ from services.notice import Notice
 from services.resources import UNRESERVED, Resources
 
 REGISTERED = state_pb2.AgentRecord.Status.AGENT_STATUS_REGISTERED
+RECOVERING = state_pb2.AgentRecord.Status.AGENT_STATUS_RECOVERING
 
 
 NORM_MEMO = 4096  # distinct encodings whose Resources are remembered (then all forgotten)
@@ -66,6 +70,7 @@ class AgentView:
     hostname: str
     total: Resources
     attributes: Attributes
+    away: bool = False  # RECOVERING: kept, not offered (core.agent_away)
 
 
 @dataclass(frozen=True)
@@ -261,6 +266,8 @@ class StreamFeed:
         if old == view:
             return False
         if old is None:
+            if view.away:
+                return False  # nothing of it here to keep: its tasks wait for it to be back
             self.core.agent_added(agent_id, view.hostname, view.total, view.attributes)
         elif old.total != view.total:
             try:
@@ -268,7 +275,9 @@ class StreamFeed:
             except AllocatorError as exc:  # it shrank under what is allocated: keep the old
                 self.notices.append(Notice.of("agent_update_refused", f"{exc}", "warning"))
                 self._refused.add(f"agents/{agent_id}")
-                view = AgentView(view.hostname, old.total, view.attributes)
+                view = AgentView(view.hostname, old.total, view.attributes, view.away)
+        if old is not None and view.away != old.away:
+            (self.core.agent_away if view.away else self.core.agent_back)(agent_id)
         # (hostname and attributes are read by the broker, not the allocation policy)
         self.agents[agent_id] = view
         return True
@@ -419,13 +428,14 @@ def _agent(value: state_pb2.StateValue | None) -> AgentView | None:
     if value is None or value.WhichOneof("kind") != "agent":
         return None
     rec = value.agent
-    if rec.status != REGISTERED:
+    if rec.status != REGISTERED and rec.status != RECOVERING:
         return None
     try:
         total = norm(rec.agent_info.resources)
     except ValueError:
         return None
-    return AgentView(rec.agent_info.hostname, total, attributes(rec.agent_info.attributes))
+    return AgentView(rec.agent_info.hostname, total, attributes(rec.agent_info.attributes),
+                     rec.status == RECOVERING)
 
 
 def _framework(value: state_pb2.StateValue | None) -> FrameworkView | None:

@@ -59,11 +59,13 @@ def _incremental(core: AllocatorCore) -> None:
     fresh (a filter in the table, expired or not, nothing of its role, or its bound of
     outstanding offers reached, remembered as held back)."""
     assert core._dirty <= core.agents.keys() and core._idle <= core.agents.keys()
+    assert core.away <= core.agents.keys() and not core._idle & core.away
     assert core._fresh <= core.frameworks.keys()
     assert core._touched <= core.frameworks.keys()
     assert core.decisions.keys() <= core.frameworks.keys()
     for agent_id, agent in core.agents.items():
-        if agent_id in core._dirty or not core._allocatable(agent.free):
+        if agent_id in core._dirty or agent_id in core.away \
+                or not core._allocatable(agent.free):
             continue
         assert agent_id in core._idle, f"{agent_id}: allocatable, neither dirty nor idle"
         if core._guarded:  # refused for a guarantee, maybe: the next cycle visits it

@@ -86,7 +86,7 @@ def _for_declared(core: AllocatorCore, fid: str, claimed: set[tuple[str, str]], 
     why_below = "below its role's quota guarantee" if below else "below its share"
     revoke: tuple[str, list[str], str, dict[str, int]] | None = None
     seen: set[str] = set()
-    for agent_id in sorted({a for h in above for a in fws[h].agents},
+    for agent_id in sorted({a for h in above for a in fws[h].agents} - core.away,
                            key=lambda a: agents[a].seq):
         agent = agents[agent_id]
         flts = core.filters.on(agent_id).get(fid)
@@ -151,7 +151,7 @@ def _for_newcomer(core: AllocatorCore, fid: str, claimed: set[tuple[str, str]],
                     reverse=True):
         if sorter.key(h) <= own:
             return
-        for agent_id in sorted(fws[h].agents, key=lambda a: agents[a].seq):
+        for agent_id in sorted(fws[h].agents - core.away, key=lambda a: agents[a].seq):
             offered = agents[agent_id].offered.get(h)
             if offered is None or (h, agent_id) in claimed:
                 continue

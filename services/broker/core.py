@@ -158,7 +158,7 @@ class BrokerCore(MasterEvents):
         for agent_id, view in change.agents.items():
             if view is None:
                 if agent_id in self._agents:
-                    out += self.agent_removed(agent_id, now)
+                    out += self.agent_removed(agent_id, now, away=agent_id in change.away)
             elif self._agents.get(agent_id) != view:
                 out += self.agent_updated(agent_id, view.hostname, view.total, now,
                                           view.attributes)
@@ -476,15 +476,18 @@ class BrokerCore(MasterEvents):
                                  f"agent {agent_id} shrank to {total}", recover=True)
         return coalesce(out)
 
-    def agent_removed(self, agent_id: str, now: float) -> list[Command]:
+    def agent_removed(self, agent_id: str, now: float, away: bool = False) -> list[Command]:
         """The agent is gone or unreachable: rescind its offers. No Recovery: the allocator
-        drops the agent (and all allocated on it) from the state stream itself. Pending
-        launches on it stay until the master answers (it will refuse them)."""
+        drops the agent (and all allocated on it) from the state stream itself; but it
+        keeps an agent `away` (RECOVERING: a new master waits for it), so what was offered
+        there is recovered. Pending launches on it stay until the master answers (it will
+        refuse them)."""
         out = self._due(now)
         self._agents.pop(agent_id, None)
         out += self._rescind(sorted(self.table.by_agent.get(agent_id, ())),
                              RescindReason.RESCIND_REASON_AGENT_REMOVED,
-                             f"agent {agent_id} removed", recover=False)
+                             f"agent {agent_id} {'recovering' if away else 'removed'}",
+                             recover=away)
         return coalesce(out)
 
     def framework_removed(self, framework_id: str, now: float,

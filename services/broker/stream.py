@@ -12,6 +12,7 @@ from services.bus.stream_core import StateEntry
 from services.resources import Resources
 
 REGISTERED = state_pb2.AgentRecord.Status.AGENT_STATUS_REGISTERED
+RECOVERING = state_pb2.AgentRecord.Status.AGENT_STATUS_RECOVERING
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,9 @@ class StreamChange:
 
     reset: bool = False
     agents: dict[str, AgentView | None] = field(default_factory=dict)  # None: gone
+    # Of those gone, the ones a new master waits for (RECOVERING): the allocator keeps
+    # them, so what was offered on them goes back to it (a Recovery), not with the agent.
+    away: set[str] = field(default_factory=set)
     frameworks_gone: list[tuple[str, bool]] = field(default_factory=list)  # (id, deleted)
     tasks: list[tuple[str, str]] = field(default_factory=list)  # (framework id, task id)
     agents_present: set[str] = field(default_factory=set)
@@ -56,6 +60,8 @@ def read(entries: Iterable[StateEntry], reset: bool = False) -> StreamChange:
         kind, _, name = e.key.partition("/")
         if kind == "agents":
             change.agents[name] = None if e.deleted else agent_view(e.value)
+            if not e.deleted and e.value.agent.status == RECOVERING:
+                change.away.add(name)
             if reset and not e.deleted:
                 change.agents_present.add(name)
         elif kind == "frameworks":

@@ -35,6 +35,7 @@ from services.master.records import (
     GONE,
     LOGS_TIMEOUT_S,
     MAX_COMPLETED_TASKS,
+    RECOVERING,
     REGISTERED,
     UNREACHABLE,
     Agent,
@@ -74,7 +75,7 @@ class MasterCore(OperatorHandlers, RevocationHandlers):
     def __init__(self, master_id: str, epoch: int, *, agent_reregister_window_s: float = 60.0,
                  heartbeat_interval_ms: int = 1000,
                  recovered_registry: Mapping[str, object] | None = None,
-                 followed_tasks: Iterable[bus_pb2.StateEntry] = (),
+                 followed: Iterable[bus_pb2.StateEntry] = (),
                  max_completed_tasks: int = MAX_COMPLETED_TASKS,
                  cluster_id: str = "", id_prefix: str = "",
                  agent_timeout_s: float = AGENT_TIMEOUT_S,
@@ -88,9 +89,9 @@ class MasterCore(OperatorHandlers, RevocationHandlers):
         Agent liveness (`agent_timeout_s`, `agent_gone_timeout_s`, `max_gone_agents`,
         `stall_threshold_s`): see liveness.py. `acl`: who may use which roles and operator
         actions (acl.py), checked for calls whose principal the shell knows (CURVE).
-        `followed_tasks`: the previous leader's task entries as this master followed its
-        stream while a standby (the shell's; none when it did not): held for the agents
-        recovering, see `held` in state.py."""
+        `followed`: the previous leader's agent and task entries as this master followed
+        its stream while a standby (the shell's; none when it did not): held for the
+        agents recovering, see `held` in state.py."""
         super().__init__(master_id, epoch, agent_reregister_window_s=agent_reregister_window_s,
                          heartbeat_interval_ms=heartbeat_interval_ms,
                          max_completed_tasks=max_completed_tasks,
@@ -108,13 +109,22 @@ class MasterCore(OperatorHandlers, RevocationHandlers):
             self._registry_changed()  # a new cluster: its id is written once, now
         if recovered_registry:
             self._recover(recovered_registry)
-        for entry in followed_tasks:
-            rec = entry.value.task
-            aid = rec.agent_id
-            if aid in self.recovering and not entry.deleted:
-                key = (rec.framework_id, rec.task_info.task_id)
-                self.held.setdefault(aid, {})[key] = entry
-                self.held_keys[key] = aid
+        for entry in followed:
+            value = entry.value
+            if entry.deleted:
+                continue
+            if value.HasField("task"):
+                rec = value.task
+                aid = rec.agent_id
+                if aid in self.recovering:
+                    key = (rec.framework_id, rec.task_info.task_id)
+                    self.held.setdefault(aid, {})[key] = entry
+                    self.held_keys[key] = aid
+            elif value.HasField("agent") and value.agent.agent_info.agent_id in self.recovering:
+                shown = bus_pb2.StateEntry()
+                shown.CopyFrom(entry)
+                shown.value.agent.status = RECOVERING
+                self.held_agents[value.agent.agent_info.agent_id] = shown
         if now is not None:  # else the first call's `now` starts the clocks
             self._begin(now)
 

@@ -1,6 +1,7 @@
-"""A standby master's following of the leading master's state stream: the leader's task
-records, kept so that once elected this master's core holds them (`followed_tasks`, see
-`held` in state.py) and a re-registered task comes back as the leader had it."""
+"""A standby master's following of the leading master's state stream: the leader's agent
+and task records, kept so that once elected this master's core holds them (`followed`, see
+`held` in state.py): its stream starts with them, and a re-registered task comes back as
+the leader had it."""
 
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ class Follower:
     """Follows whoever leads the master role, unless it is this master (`member_id`) or
     `leading()` says this master leads; `take()` ends the following with what it holds."""
 
+    KINDS = ("agents/", "tasks/")  # what a new leader holds of its predecessor's stream
+
     def __init__(self, reactor: Reactor, ctx: zmq.Context[zmq.Socket[bytes]],
                  sender: Sender, election_url: str, member_id: str,
                  leading: Callable[[], bool], *, heartbeat_interval: float, max_missed: int,
@@ -45,7 +48,7 @@ class Follower:
 
     @property
     def held(self) -> int:
-        """Task records held now (read from an HTTP thread: a dict's len)."""
+        """Entries held now (read from an HTTP thread: a dict's len)."""
         sub = self.subscriber
         return len(sub.store) if sub is not None else 0
 
@@ -68,22 +71,22 @@ class Follower:
             return
         if self.subscriber is None:
             self.subscriber = StateSubscriber(
-                self.reactor, self.ctx, self.sender, lambda change: None, prefix="tasks/",
+                self.reactor, self.ctx, self.sender, lambda change: None,
                 heartbeat_interval=self.heartbeat_interval, max_missed=self.max_missed,
                 stats=self.stats, fence=self.fence, curve=self.curve)
         self.subscriber.connect(pub, snapshot)
         log.info("following the leading master", leader=leader.member_id, epoch=leader.epoch)
 
     def take(self) -> list[StateEntry]:
-        """The task entries followed (none if no whole snapshot came), and no more following
-        until `follow()`."""
+        """The agent and task entries followed (none if no whole snapshot came), and no
+        more following until `follow()`."""
         sub, self.subscriber = self.subscriber, None
         if sub is None:
             return []
         sub.close()
         if sub.core.epoch == 0:  # never had a whole snapshot: a part could mislead
             return []
-        return list(sub.store.values())  # "tasks/" entries (the prefix), none deleted
+        return [e for k, e in sub.store.items() if k.startswith(self.KINDS)]
 
     def close(self) -> None:
         self.reactor.remove_reader(self.detector)

@@ -22,6 +22,7 @@ AgentStatus = state_pb2.AgentRecord.Status
 Status: TypeAlias = state_pb2.AgentRecord.Status.ValueType
 REGISTERED = AgentStatus.AGENT_STATUS_REGISTERED
 UNREACHABLE = AgentStatus.AGENT_STATUS_UNREACHABLE
+RECOVERING = AgentStatus.AGENT_STATUS_RECOVERING  # shown for a held agent (state.py), never stored
 GONE = AgentStatus.AGENT_STATUS_GONE
 STATUS_NAMES: dict[Status, str] = {REGISTERED: "registered", UNREACHABLE: "unreachable",
                                    GONE: "gone"}

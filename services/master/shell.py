@@ -184,7 +184,7 @@ class MasterShell(ServiceKit):
             self.config.master_id, epoch,
             agent_reregister_window_s=self.config.agent_reregister_window_s,
             heartbeat_interval_ms=int(self.config.heartbeat_interval * 1000),
-            recovered_registry=recovered, followed_tasks=followed,
+            recovered_registry=recovered, followed=followed,
             cluster_id=uuid.uuid4().hex,
             id_prefix=f"{uuid.uuid4().hex[:8]}-{epoch}",
             agent_timeout_s=self.config.agent_timeout_s,
@@ -197,7 +197,7 @@ class MasterShell(ServiceKit):
                        leaders=dict(self._service_leaders))
         self.driver.attach(self.core)
         log.info("leading", epoch=epoch, cluster_id=self.core.cluster_id,
-                 followed_tasks=len(followed),
+                 followed=len(followed),
                  recovered_agents=len((recovered or {}).get("agents", {})),
                  recovered_frameworks=len((recovered or {}).get("frameworks", {})))
 
@@ -553,8 +553,8 @@ class MasterShell(ServiceKit):
         m.counter_function("tasks_revoked", "Tasks killed when a revocation's grace period "
                            "passed (TASK_KILLED, REASON_TASK_REVOKED).",
                            lambda: float(counts().tasks_revoked))
-        m.gauge("followed_tasks", "Task records a standby holds from the leading master's "
-                "state stream, for its core once elected (0 while leading).",
+        m.gauge("followed_entries", "State entries a standby holds from the leading master's "
+                "stream, for its core once elected (0 while leading).",
                 value=lambda: float(self.follower.held))
         m.counter_function("tasks_held_back", "Tasks re-registered after a master failover "
                            "whose record came back as the previous leader had it (followed).",

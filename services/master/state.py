@@ -94,6 +94,9 @@ class MasterState:
         # go when it re-registers or its window ends.
         self.held: dict[str, dict[TaskKey, bus_pb2.StateEntry]] = {}
         self.held_keys: dict[TaskKey, str] = {}
+        # Their agents' entries as the previous leader published them, now RECOVERING (not
+        # offered; the allocator keeps their tasks counted) until re-registered here.
+        self.held_agents: dict[str, bus_pb2.StateEntry] = {}
         self.tasks_held_back = 0  # re-registered tasks whose held record was taken back
         self.removed_frameworks: OrderedDict[str, None] = OrderedDict()
         self.agent_peers: dict[bytes, str] = {}
@@ -157,6 +160,8 @@ class MasterState:
     def _entry(self, key: Dirty) -> bus_pb2.StateEntry:
         """The stream entry of `key` now, each record copied once, into the entry."""
         kind = key[0]
+        if kind == "agent" and key[1] not in self.agents and key[1] in self.held_agents:
+            return self.held_agents[key[1]]
         if kind == "task" and (key[1], key[2]) not in self.tasks:
             aid = self.held_keys.get((key[1], key[2]))
             if aid is not None:  # as the previous leader published it (never changed)
@@ -185,7 +190,8 @@ class MasterState:
 
     def snapshot_entries(self) -> list[bus_pb2.StateEntry]:
         """The whole state, for a fresh publisher (after a failover, or a restart)."""
-        keys: list[Dirty] = [("agent", a) for a in sorted(self.agents)]
+        keys: list[Dirty] = [("agent", a) for a in sorted(self.agents.keys()
+                                                           | self.held_agents.keys())]
         keys += [("framework", f) for f in sorted(self.frameworks)]
         keys += [("task", f, t) for f, t in sorted(self.tasks.keys() | self.held_keys.keys())]
         keys += [("role", r) for r in sorted(self.roles)]
@@ -253,6 +259,7 @@ class MasterState:
     def _release_held(self, agent_id: str) -> dict[TaskKey, bus_pb2.StateEntry]:
         """The agent's held records, held no more (the caller publishes each key again
         whose record it did not take back whole: as this core has it then, or deleted)."""
+        self.held_agents.pop(agent_id, None)
         held = self.held.pop(agent_id, {})
         for key in held:
             if self.held_keys.get(key) == agent_id:
@@ -507,6 +514,7 @@ class MasterState:
                 assert agent.status == REGISTERED and self.agent_peers.get(agent.peer) == aid
             assert aid not in self.recovering
         assert self.held.keys() <= self.recovering.keys()
+        assert self.held_agents.keys() <= self.recovering.keys()
         assert self.held_keys == {k: aid for aid, recs in self.held.items() for k in recs}
         assert all(self.agents[a].peer == p for p, a in self.agent_peers.items())
         for fid, fw in self.frameworks.items():

@@ -359,6 +359,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         self.offers: list[tuple[str, str, Resources]] = []  # (agent, framework, resources)
         self.tasks: list[tuple[str, str, Resources]] = []
         self.filters: list[tuple[str, str, Resources, float]] = []
+        self.away: set[str] = set()  # agents a new master waits for (agent_away)
 
     def _pick(self, keys: list[str], i: int) -> str:
         return sorted(keys)[i % len(keys)]
@@ -384,7 +385,20 @@ class AllocatorMachine(RuleBasedStateMachine):
         agent = self._pick(list(self.totals), i)
         self.core.agent_removed(agent)
         del self.totals[agent]
+        self.away.discard(agent)
         self._forget(agent=agent)
+
+    @precondition(lambda self: self.totals)
+    @rule(i=st.integers(0, 99))
+    def agent_away_or_back(self, i: int) -> None:
+        """A new master's stream has the agent as recovering, then registered again."""
+        agent = self._pick(list(self.totals), i)
+        if agent in self.away:
+            self.core.agent_back(agent)
+            self.away.discard(agent)
+        else:
+            self.core.agent_away(agent)
+            self.away.add(agent)
 
     @precondition(lambda self: self.totals)
     @rule(i=st.integers(0, 99), cpus=st.sampled_from([-1, 1]))
@@ -453,6 +467,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         for a in cycle.allocations:
             fw = self.frameworks[a.framework_id]
             assert fw["active"] and not fw["suppressed"], (a, fw)
+            assert a.agent_id not in self.away, ("offered on an away agent", a)
             assert a.role == fw["role"]
             assert a.resources.for_role(a.role) == a.resources  # nothing of other roles
             for fid, agent_id, res, until in self.filters:
@@ -474,6 +489,8 @@ class AllocatorMachine(RuleBasedStateMachine):
                 assert (d.outcome is Outcome.OFFERED) == bool(d.allocation_ids)
         # Work-conserving: what is left free is refused by every framework that may use it.
         for agent_id, agent in self.core.agents.items():
+            if agent_id in self.away:
+                continue
             for fid, fw in self.frameworks.items():
                 if not fw["active"] or fw["suppressed"]:
                     continue

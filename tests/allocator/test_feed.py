@@ -202,6 +202,37 @@ def test_a_reset_without_some_agents_forgets_only_their_tasks_and_they_come_back
     core.validate()
 
 
+def test_a_recovering_agent_keeps_its_tasks_counted_and_is_offered_nothing() -> None:
+    """A new master's stream has the agents it waits for as RECOVERING, their tasks as the
+    old leader had them: the allocator keeps them (no task forgotten and replayed, shares
+    unchanged) and offers nothing on them until they are REGISTERED again. Before, they
+    were removed and their 100,000 tasks waited and were applied again."""
+    core = AllocatorCore()
+    feed = StreamFeed(core)
+    entries = [agent("a1"), agent("a2"), framework("f1"), task("f1", "t1", "a1"),
+               task("f1", "t2", "a2", cpus=2)]
+    feed.reset({e.key: e for e in entries})
+    assert core.allocate(T0).allocations
+    core.recover_all_offers()
+    recovering = _copy(entries[0])
+    recovering.value.agent.status = state_pb2.AgentRecord.Status.AGENT_STATUS_RECOVERING
+    feed.reset({e.key: e for e in [recovering, *map(_copy, entries[1:])]})
+    assert not feed.waiting and used(core, "a1") == 1 and core.away == {"a1"}
+    assert {a.agent_id for a in core.allocate(T0 + 1).allocations} == {"a2"}
+    core.recover_all_offers()
+    feed.apply([_copy(entries[0])])  # re-registered
+    assert not core.away and used(core, "a1") == 1
+    assert "a1" in {a.agent_id for a in core.allocate(T0 + 2).allocations}
+    # An agent first seen recovering (a fresh allocator) is not offered; its tasks wait.
+    feed.apply([deleted("agents/a2")])
+    late = _copy(entries[1])
+    late.value.agent.status = state_pb2.AgentRecord.Status.AGENT_STATUS_RECOVERING
+    feed.apply([late])
+    assert "a2" not in core.agents and feed.waiting == {"tasks/f1/t2"}
+    _index_holds(feed)
+    core.validate()
+
+
 def _copy(e: bus_pb2.StateEntry) -> bus_pb2.StateEntry:
     return bus_pb2.StateEntry.FromString(e.SerializeToString())
 

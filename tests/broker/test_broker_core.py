@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from schemas import common_pb2, internal_pb2
+from schemas import common_pb2, internal_pb2, state_pb2
 from services.broker.commands import (
     AcceptRejected,
     LaunchRequest,
@@ -24,9 +24,11 @@ from tests.broker.harness import (
     RJ,
     RR,
     T0,
+    agent_entry,
     alloc,
     broker,
     filters,
+    framework_entry,
     launch,
     make,
     offer_ids,
@@ -369,6 +371,22 @@ def test_agent_removed_rescinds_without_recovery() -> None:
     assert sorted((r.framework_id, r.reason) for r in only(cmds, Rescind)) == [
         ("f1", RR.RESCIND_REASON_AGENT_REMOVED), ("f2", RR.RESCIND_REASON_AGENT_REMOVED)]
     assert not recoveries(cmds) and not core.outstanding("a1") and core.outstanding("a2")
+    core.validate()
+
+
+def test_an_agent_a_new_master_waits_for_has_its_offers_rescinded_and_recovered() -> None:
+    """RECOVERING on the stream: the allocator keeps the agent (away), so what was offered
+    there goes back to it; without the Recovery it would count it offered for good."""
+    core = broker(prefix="e7")
+    core.stream_changed([agent_entry("a1"), agent_entry("a2"), framework_entry("f1")], T0,
+                        reset=True)
+    core.allocations([alloc("x", "f1"), alloc("z", agent="a2")], T0)
+    recovering = agent_entry("a1", status=state_pb2.AgentRecord.Status.AGENT_STATUS_RECOVERING)
+    cmds = core.stream_changed([recovering], T0 + 1)
+    assert [r.reason for r in only(cmds, Rescind)] == [RR.RESCIND_REASON_AGENT_REMOVED]
+    (rec,) = recoveries(cmds)
+    assert rec.agent_id == "a1" and rec.reason == RC.RECOVER_REASON_RESCINDED
+    assert not core.outstanding("a1") and core.outstanding("a2")
     core.validate()
 
 

@@ -92,7 +92,7 @@ def test_running_tasks_survive_the_death_of_the_leading_master(
         # The standby follows the leader's task records (follow.py), to hold them once
         # elected: each task then keeps its launch time, trace and offers.
         (standby,) = [m for m in members_of(cluster.url) if m.member_id != old_leader]
-        wait_for(lambda: metric(standby, "offerbus_master_followed_tasks") >= INSTANCES, 15,
+        wait_for(lambda: metric(standby, "offerbus_master_followed_entries") >= INSTANCES, 15,
                  message="the standby master does not follow the leader's tasks")
         records = task_records(cluster)
         assert all(r.get("traceparent") for r in records.values()), records

@@ -3,7 +3,7 @@ failing over, frameworks failing over or torn down."""
 
 from __future__ import annotations
 
-from schemas import agent_pb2, bus_pb2, common_pb2, operator_pb2, scheduler_pb2
+from schemas import agent_pb2, bus_pb2, common_pb2, operator_pb2, scheduler_pb2, state_pb2
 from services.master.commands import (
     Command,
     Publish,
@@ -12,6 +12,7 @@ from services.master.commands import (
     ToOperator,
 )
 from services.master.core import MasterCore
+from services.master.records import REGISTERED, UNREACHABLE
 from services.resources import Resources
 from tests.master.helpers import (
     T0,
@@ -151,8 +152,8 @@ def test_reregistration_after_master_failover_rebuilds_the_same_tasks() -> None:
 
 
 def followed(core: MasterCore) -> list[bus_pb2.StateEntry]:
-    """The task entries of `core`'s stream, as a standby following it holds them."""
-    return [e for e in core.snapshot_entries() if e.key.startswith("tasks/")]
+    """The agent and task entries of `core`'s stream, as a standby following it holds them."""
+    return [e for e in core.snapshot_entries() if e.key.startswith(("agents/", "tasks/"))]
 
 
 def test_a_followed_task_comes_back_as_the_previous_leader_recorded_it() -> None:
@@ -164,14 +165,18 @@ def test_a_followed_task_comes_back_as_the_previous_leader_recorded_it() -> None
     old, aid, fid = cluster()
     running(old, aid, fid, "t1", "t2", "t3")
     launch(old, fid, aid, "t4", rid="r4")  # the agent never gets it
-    held = followed(old)  # t1, t2, t3, t4
-    held[2].value.task.status.executor_id = "t3.earlier-run"  # an earlier run of a task id
+    held = followed(old)  # a1; t1, t2, t3, t4
+    held[3].value.task.status.executor_id = "t3.earlier-run"  # an earlier run of a task id
     new = MasterCore("m2", 8, recovered_registry=old.registry_document(),
-                     followed_tasks=held, now=T0 + 100)
+                     followed=held, now=T0 + 100)
     assert new.held.keys() == {aid}
     # The new leader's stream starts with them as they were: subscribers keep theirs.
     first = {e.key: e for e in new.snapshot_entries()}
-    assert [first[e.key] for e in held] == held
+    assert [first[e.key] for e in held[1:]] == held[1:]
+    # Its agent too, RECOVERING: not offered, its tasks still counted (the allocator's).
+    recovering = first[f"agents/{aid}"].value.agent
+    assert recovering.status == state_pb2.AgentRecord.Status.AGENT_STATUS_RECOVERING
+    assert recovering.agent_info == held[0].value.agent.agent_info
     new.validate()
     cmds = reregister(new, b"a1-new", aid, [reported(fid, "t1", TS.TASK_RUNNING),
                                             reported(fid, "t2", TS.TASK_FINISHED),
@@ -183,6 +188,7 @@ def test_a_followed_task_comes_back_as_the_previous_leader_recorded_it() -> None
     assert changed[f"tasks/{fid}/t2"].value.task.status.state == TS.TASK_FINISHED
     assert changed[f"tasks/{fid}/t3"].value.task.launched_at_us == int((T0 + 101) * 1e6)
     assert changed[f"tasks/{fid}/t4"].deleted
+    assert changed[f"agents/{aid}"].value.agent.status == REGISTERED
     stream = first | changed  # what a subscriber holds now: as if all were published
     assert {e.key: e for e in new.snapshot_entries()} == {
         k: e for k, e in stream.items() if not e.deleted}
@@ -201,7 +207,7 @@ def test_held_records_of_an_agent_not_back_go_with_its_window() -> None:
     old, aid, fid = cluster()
     running(old, aid, fid, "t1")
     new = MasterCore("m2", 8, recovered_registry=old.registry_document(),
-                     followed_tasks=followed(old),
+                     followed=followed(old),
                      agent_reregister_window_s=60, now=T0 + 100)
     assert f"tasks/{fid}/t1" in {e.key for e in new.snapshot_entries()}
     cmds = new.tick(T0 + 161)
@@ -209,6 +215,7 @@ def test_held_records_of_an_agent_not_back_go_with_its_window() -> None:
     assert (fid, "t1") not in new.tasks
     assert f"tasks/{fid}/t1" in published(cmds)  # off the stream: not known here
     assert published(cmds)[f"tasks/{fid}/t1"] is None
+    assert published(cmds)[f"agents/{aid}"].agent.status == UNREACHABLE
     new.validate()
 
 

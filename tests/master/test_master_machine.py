@@ -87,9 +87,9 @@ class MasterMachine(RuleBasedStateMachine):
         self.now = T0
         self.epoch = 1
         self.core = self._core("m1", 1)
-        # The task entries a subscriber of the stream holds: the leader's snapshot, then
-        # every publication (a standby following it holds the same).
-        self.stream = self._tasks_of(self.core.snapshot_entries())
+        # The agent and task entries a subscriber of the stream holds: the leader's
+        # snapshot, then every publication (a standby following it holds the same).
+        self.stream = self._followed(self.core.snapshot_entries())
         self.written: dict[str, Any] = {}  # the registry as the shell's writer keeps it
         self.machines = [Machine() for _ in range(3)]
         self.scheds = [Scheduler() for _ in range(3)]
@@ -102,11 +102,12 @@ class MasterMachine(RuleBasedStateMachine):
               followed: list[bus_pb2.StateEntry] | None = None) -> MasterCore:
         return MasterCore(master_id, epoch, agent_reregister_window_s=30, agent_timeout_s=4.0,
                           agent_gone_timeout_s=60.0, max_gone_agents=1,
-                          recovered_registry=doc, followed_tasks=followed or (), now=self.now)
+                          recovered_registry=doc, followed=followed or (), now=self.now)
 
     @staticmethod
-    def _tasks_of(entries: list[bus_pb2.StateEntry]) -> dict[str, bus_pb2.StateEntry]:
-        return {e.key: e for e in entries if e.key.startswith("tasks/")}
+    def _followed(entries: list[bus_pb2.StateEntry], kinds: tuple[str, ...] = (
+            "agents/", "tasks/")) -> dict[str, bus_pb2.StateEntry]:
+        return {e.key: e for e in entries if e.key.startswith(kinds)}
 
     def _peer(self, kind: str) -> bytes:
         self.gen += 1
@@ -123,7 +124,7 @@ class MasterMachine(RuleBasedStateMachine):
         for c in cmds:
             if isinstance(c, Publish):
                 for e in c.entries:
-                    if not e.key.startswith("tasks/"):
+                    if not e.key.startswith(("agents/", "tasks/")):
                         continue
                     if e.deleted:
                         self.stream.pop(e.key, None)
@@ -439,7 +440,7 @@ class MasterMachine(RuleBasedStateMachine):
         self.epoch += 1
         held = list(self.stream.values()) if followed else None
         self.core = self._core(f"m{self.epoch}", self.epoch, doc, held)
-        self.stream = self._tasks_of(self.core.snapshot_entries())  # subscribers resync
+        self.stream = self._followed(self.core.snapshot_entries())  # subscribers resync
         for s in self.scheds:
             s.peer = None
         for m in self.machines:
@@ -468,7 +469,11 @@ class MasterMachine(RuleBasedStateMachine):
         self.core.validate()
         # What the stream said, entry by entry, is the state: a subscriber is never left
         # with a task record the master no longer has (or an old one).
-        assert self.stream == self._tasks_of(self.core.snapshot_entries())
+        tasks_of = ("tasks/",)  # (an agent's last_seen is refreshed without publishing)
+        assert self._followed(list(self.stream.values()), tasks_of) == self._followed(
+            self.core.snapshot_entries(), tasks_of)
+        assert {k for k in self.stream if k.startswith("agents/")} == {
+            e.key for e in self.core.snapshot_entries() if e.key.startswith("agents/")}
         # The changes written, applied one after another, make the whole registry.
         doc = self.core.registry_document()
         for section in ("agents", "frameworks", "roles", "cluster_id"):
