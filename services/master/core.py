@@ -109,22 +109,22 @@ class MasterCore(OperatorHandlers, RevocationHandlers):
             self._registry_changed()  # a new cluster: its id is written once, now
         if recovered_registry:
             self._recover(recovered_registry)
-        for entry in followed:
-            value = entry.value
+        recovering, held, held_keys = self.recovering, self.held, self.held_keys
+        for entry in followed:  # by key (tasks/<fid>/<tid>, agents/<id>): 110,000 at 10k
+            kind, _, name = entry.key.partition("/")
             if entry.deleted:
                 continue
-            if value.HasField("task"):
-                rec = value.task
-                aid = rec.agent_id
-                if aid in self.recovering:
-                    key = (rec.framework_id, rec.task_info.task_id)
-                    self.held.setdefault(aid, {})[key] = entry
-                    self.held_keys[key] = aid
-            elif value.HasField("agent") and value.agent.agent_info.agent_id in self.recovering:
+            if kind == "tasks":
+                aid = entry.value.task.agent_id
+                if aid in recovering:
+                    fid, _, tid = name.partition("/")
+                    held.setdefault(aid, {})[fid, tid] = entry
+                    held_keys[fid, tid] = aid
+            elif kind == "agents" and name in recovering:
                 shown = bus_pb2.StateEntry()
                 shown.CopyFrom(entry)
                 shown.value.agent.status = RECOVERING
-                self.held_agents[value.agent.agent_info.agent_id] = shown
+                self.held_agents[name] = shown
         if now is not None:  # else the first call's `now` starts the clocks
             self._begin(now)
 
