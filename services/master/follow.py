@@ -33,12 +33,17 @@ class Follower:
     def __init__(self, reactor: Reactor, ctx: zmq.Context[zmq.Socket[bytes]],
                  sender: Sender, election_url: str, member_id: str,
                  leading: Callable[[], bool], *, heartbeat_interval: float, max_missed: int,
-                 stats: Stats, curve: CurveClient | None) -> None:
+                 stats: Stats, curve: CurveClient | None, off: str = "") -> None:
+        """`off`: why this master cannot follow (it then leads a failover as before: from
+        the agents' re-registrations alone), logged once."""
         self.reactor, self.ctx, self.sender = reactor, ctx, sender
         self.member_id = member_id
         self.leading = leading
         self.heartbeat_interval, self.max_missed = heartbeat_interval, max_missed
         self.stats, self.curve = stats, curve
+        self.off = off
+        if off:
+            log.warning("this master will not follow the leading master's stream", why=off)
         self.fence = EpochFence(frozenset({MASTER}))
         self.leader: LeaderInfo | None = None
         self.subscriber: StateSubscriber | None = None
@@ -62,7 +67,7 @@ class Follower:
     def follow(self) -> None:
         """Follow the leading master's task records, if another master leads."""
         leader = self.leader
-        if self.leading() or leader is None or leader.member_id == self.member_id:
+        if self.off or self.leading() or leader is None or leader.member_id == self.member_id:
             return
         pub, snapshot = leader.endpoints.get("pub"), leader.endpoints.get("snapshot")
         if not pub or not snapshot:

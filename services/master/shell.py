@@ -116,10 +116,15 @@ class MasterShell(ServiceKit):
             detector.start()
         # While a standby: the leading master's task records, for this master's core once
         # elected (follow.py).
+        try:  # with CURVE, following needs this master's client keys too
+            follow_curve, follow_off = self.curve.client, ""
+        except ValueError as exc:
+            follow_curve, follow_off = None, str(exc)
         self.follower = Follower(
             self.reactor, self.ctx, self.sender, config.election_url, config.master_id,
             lambda: self.core is not None, heartbeat_interval=config.heartbeat_interval,
-            max_missed=config.max_missed, stats=self.stats, curve=self.curve.client)
+            max_missed=config.max_missed, stats=self.stats, curve=follow_curve,
+            off=follow_off)
         self.publisher = StatePublisher(
             self.reactor, self.ctx, self.sender, pub_bind=f"{tcp}:{config.pub_port or '*'}",
             snapshot_bind=f"{tcp}:{config.snapshot_port or '*'}", epoch=0,

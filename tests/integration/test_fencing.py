@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +20,15 @@ from infra.zookeeper import ZooKeeperServer
 from schemas import common_pb2
 from services.bus import codec
 from services.bus.election import LeaderInfo, detector_from_url
-from tests.e2e import Cluster, Recorder, framework, launch, local_cluster_in, sleep_task
+from tests.e2e import (
+    Cluster,
+    Recorder,
+    framework,
+    launch,
+    local_cluster_in,
+    metric,
+    sleep_task,
+)
 from tests.waiting import wait_for
 
 S = common_pb2.TaskState
@@ -66,13 +72,6 @@ def answers(sock: zmq.Socket[bytes], timeout_ms: int) -> list[codec.Envelope]:
     return out
 
 
-def counter(info: LeaderInfo, name: str) -> float:
-    with urllib.request.urlopen(info.endpoints["http"] + "/metrics", timeout=5) as r:
-        text = r.read().decode()
-    found = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
-    return float(found.group(1)) if found else 0.0
-
-
 def test_forged_broker_frames_are_refused_and_the_real_broker_goes_on(
     cluster: Cluster
 ) -> None:
@@ -109,7 +108,7 @@ def test_forged_broker_frames_are_refused_and_the_real_broker_goes_on(
         driver.start()
         wait_for(lambda: rec.state_of("t1") == S.TASK_RUNNING, 45, message=lambda: (
             f"t1 is {rec.state_of('t1')}; offers seen {len(rec.offers_seen)}; the master "
-            f"refused: {counter(master, 'offerbus_master_frames_dropped_total')}"))
+            f"refused: {metric(master, 'offerbus_master_frames_dropped_total')}"))
 
         # Each forger was told why, and the master counted each by its reason.
         for name, sock in forgers.items():
@@ -120,8 +119,8 @@ def test_forged_broker_frames_are_refused_and_the_real_broker_goes_on(
                    for es in errors.values() for e in es) and all(errors.values()), errors
         assert any("wrong_member" in e.message for e in errors["impostor"]), errors
         drops = 'offerbus_master_frames_dropped_total{{reason="{}"}}'
-        assert counter(master, drops.format("newer_epoch")) >= 2  # the frame and its beat
-        assert counter(master, drops.format("wrong_member")) == 1
+        assert metric(master, drops.format("newer_epoch")) >= 2  # the frame and its beat
+        assert metric(master, drops.format("wrong_member")) == 1
         assert leader(cluster, "broker").key() == broker.key()  # nothing failed over
         state = cluster.state()
         assert [t["status"]["state"] for t in state["tasks"]] == ["TASK_RUNNING"], \

@@ -19,6 +19,7 @@ from schemas import agent_pb2, bus_pb2, common_pb2, internal_pb2
 from services.bus import codec
 from services.bus.peer import DealerClient, HeartbeatConfig, Sender
 from services.bus.reactor import Reactor
+from services.cli.keys import generate
 from services.master import shell as master_shell
 from services.master.records import REGISTERED, UNREACHABLE
 from services.master.registry import Document, FileRegistry
@@ -67,6 +68,26 @@ def slow(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SlowRegistry:
     registry = SlowRegistry(tmp_path / "master.registry")
     monkeypatch.setattr(master_shell, "registry_from_url", lambda url: registry)
     return registry
+
+
+def test_a_master_with_curve_keys_only_for_serving_starts_and_does_not_follow(
+        tmp_path: Path) -> None:
+    """A master configured as a CURVE server only (it admits peers, connects to nobody)
+    cannot follow another master's stream: it says so once and starts as before. The
+    follower asked for client keys unconditionally, and such a master failed to start."""
+    for name in ("server", "agent"):
+        generate(tmp_path / "keys", name)
+    (tmp_path / "allowed").mkdir()
+    master = master_on(tmp_path, curve_secret_key_file=str(tmp_path / "keys" /
+                                                          "server.key_secret"),
+                       curve_allowed_dir=str(tmp_path / "allowed"))
+    try:
+        assert "curve_server_key_file" in master.follower.off
+        lead(master)
+        master.follower.follow()
+        assert master.follower.subscriber is None
+    finally:
+        master.close()
 
 
 def test_the_registry_load_at_leadership_does_not_block_the_reactor(
