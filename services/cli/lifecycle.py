@@ -489,13 +489,23 @@ def cmd_stop(args: argparse.Namespace, console: Console) -> int:
     with Reporter(console, f"stopping {name}") as shown:
         for fid in sorted(fids):
             shown.show(teardown(url, args, fid, pid, console))
+        if pid is not None:  # before waiting: no framework of this name can come after
+            shown.show(f"{name}: stopping its framework process {pid}")
+            cluster.stop_process(run_dir, proc, timeout=10.0)
 
         poll = StatePoller(url, args.timeout, service_query(name))
         unchecked: list[bool] = []
 
         def left() -> str | None:
             now_state = poll()
-            still = fids & set(frameworks_named(now_state, name))
+            named = set(frameworks_named(now_state, name))
+            # Registered after the first look (a `run --no-wait` still starting): its
+            # tasks would have outlived the stop.
+            for fid in sorted(named - fids):
+                shown.show(teardown(url, args, fid, None, console))
+                fids.add(fid)
+                executors.update(executors_of(now_state, {fid}))
+            still = fids & named
             containers = containers_of(fids, cluster_id, executors)
             if containers is None:  # no Docker engine here: say so, do not claim "gone"
                 unchecked.append(True)
@@ -506,9 +516,6 @@ def cmd_stop(args: argparse.Namespace, console: Console) -> int:
                     f"container(s) left")
 
         wait_until(left, timeout, shown)
-        if pid is not None:
-            shown.show(f"{name}: stopping its framework process {pid}")
-            cluster.stop_process(run_dir, proc, timeout=10.0)
     for path in (spec, specs.status_path(spec)):
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
