@@ -14,7 +14,12 @@ from services.allocator.cycle import visit
 from services.allocator.decide import decide
 from services.allocator.fanout import DEFAULT_MAX_OFFERS_PER_FRAMEWORK, Fanout
 from services.allocator.fill import Shape, add_into, next_unit
-from services.allocator.filters import DeclineFilters
+from services.allocator.filters import (
+    DEFAULT_REFUSE_SECONDS,
+    MAX_REFUSE_SECONDS,
+    DeclineFilters,
+    refuse_seconds_of,
+)
 from services.allocator.invariants import check
 from services.allocator.model import (
     Agent,
@@ -27,6 +32,8 @@ from services.allocator.model import (
     Framework,
     Notes,
     Outcome,
+    check_resources,
+    set_held,
 )
 from services.allocator.quota import (
     Quotas,
@@ -45,8 +52,6 @@ from services.allocator.reserved import as_held, follow_split, overlap, swap_for
 from services.allocator.sorter import DRFSorter, Sorter, role_path
 from services.resources import MILLI, Resources
 
-DEFAULT_REFUSE_SECONDS = 5.0  # a decline without filters (DESIGN §4, as Mesos)
-MAX_REFUSE_SECONDS = 365 * 24 * 3600.0  # Mesos caps filters at a year too
 # An agent's free resources are worth offering only above these (Mesos MIN_CPUS/MIN_MEM).
 MIN_CPUS = 0.01
 MIN_MEM = 32.0
@@ -129,7 +134,7 @@ class AllocatorCore:
                     attributes: Attributes | None = None) -> None:
         if agent_id in self.agents:
             raise AllocatorError(f"agent {agent_id} added twice")
-        _check_resources(total, f"agent {agent_id} total")
+        check_resources(total, f"agent {agent_id} total")
         self._agent_seq += 1
         self.agents[agent_id] = Agent(agent_id, hostname, total, dict(attributes or {}), total,
                                       self._agent_seq)
@@ -139,7 +144,7 @@ class AllocatorCore:
     def agent_updated(self, agent_id: str, total: Resources) -> None:
         """The agent's total changed (e.g. reconfigured); it must still hold what is allocated."""
         agent = self._agent(agent_id)
-        _check_resources(total, f"agent {agent_id} total")
+        check_resources(total, f"agent {agent_id} total")
         allocated = agent.allocated()
         if not total.contains(allocated):
             raise AllocatorError(
@@ -319,7 +324,7 @@ class AllocatorCore:
         What its outstanding offers there hold is converted (the task came from an offer);
         the rest, e.g. tasks found after an allocator failover, is taken from free."""
         agent, fw = self._agent(agent_id), self._framework(framework_id)
-        _check_resources(resources, f"task resources on {agent_id}")
+        check_resources(resources, f"task resources on {agent_id}")
         offered = agent.offered.get(framework_id, NOTHING)
         if offered and offered.contains(resources):
             # A task launched from its offer (the usual case): all of it comes from the
@@ -333,7 +338,7 @@ class AllocatorCore:
                 raise AllocatorError(
                     f"agent {agent_id}: framework {framework_id} uses {resources} but only "
                     f"{agent.free} is free and {offered} offered to it")
-        _set(agent.offered, framework_id, offered - from_offer)
+        set_held(agent.offered, framework_id, offered - from_offer)
         if self.fanout.note(framework_id, agent):  # the offer answered: it may have more
             self._fresh.add(framework_id)
         if fw.demands:
@@ -356,7 +361,7 @@ class AllocatorCore:
             swapped, free = swap_for_use(offered, agent.free, resources,
                                          self.frameworks[framework_id].role)
             if swapped != offered:
-                _set(agent.offered, framework_id, swapped)
+                set_held(agent.offered, framework_id, swapped)
                 agent.free, offered = free, swapped
                 self._dirty.add(agent.agent_id)
         return offered
@@ -390,7 +395,7 @@ class AllocatorCore:
                 raise AllocatorError(f"agent {agent_id}: framework {framework_id} returns "
                                      f"{resources} but was offered {offered}")
         self._give_back(agent, fw, agent.offered, resources)
-        seconds = _refuse_seconds(refuse_seconds)
+        seconds = refuse_seconds_of(refuse_seconds)
         if seconds > 0 and resources:
             self.refuse(framework_id, agent_id, now + seconds, resources)
         return True
@@ -550,7 +555,7 @@ class AllocatorCore:
     def _give_back(self, agent: Agent, fw: Framework, held: dict[str, Resources],
                    resources: Resources) -> None:
         fid = fw.framework_id
-        _set(held, fid, held[fid] - resources)
+        set_held(held, fid, held[fid] - resources)
         if held is agent.offered and fw.demands:
             add_into(fw.offered, resources, -1)
         agent.free = agent.free + resources if agent.free else resources
@@ -580,26 +585,3 @@ class AllocatorCore:
     def validate(self) -> None:
         """Invariants, checked after every step in tests (invariants.py)."""
         check(self)
-
-
-# -- resource helpers ------------------------------------------------------------------------
-
-
-def _refuse_seconds(seconds: float | None) -> float:
-    """A decline's filter duration; like Mesos, a missing or invalid one is the default."""
-    if seconds is None or math.isnan(seconds) or seconds < 0:
-        return DEFAULT_REFUSE_SECONDS
-    return min(seconds, MAX_REFUSE_SECONDS)
-
-
-def _check_resources(r: Resources, what: str) -> None:
-    if any(v < 0 for v in r.scalars.values()):
-        raise AllocatorError(f"{what}: negative scalar in {r}")
-
-
-def _set(held: dict[str, Resources], key: str, r: Resources) -> None:
-    if r:
-        held[key] = r
-    else:
-        held.pop(key, None)
-

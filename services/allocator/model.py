@@ -232,3 +232,17 @@ class Notes:
     split: int = 0  # agents offered in two allocations, guaranteed and revocable
     quota: str = ""  # what of its role's quota cut or refused an offer: limit, guarantee
     held_back: int = 0  # agents not offered: it holds its bound of offers unanswered (fanout.py)
+
+
+def check_resources(r: Resources, what: str) -> None:
+    """AllocatorError when `r` holds a negative scalar."""
+    if any(v < 0 for v in r.scalars.values()):
+        raise AllocatorError(f"{what}: negative scalar in {r}")
+
+
+def set_held(held: dict[str, Resources], key: str, r: Resources) -> None:
+    """`held[key] = r`, or no entry when `r` is nothing."""
+    if r:
+        held[key] = r
+    else:
+        held.pop(key, None)
