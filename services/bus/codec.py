@@ -72,11 +72,28 @@ class MessageIds:
         return f"{self._prefix}-{next(self._counter)}"
 
 
-def encode(env: Envelope, limit: int = DEFAULT_FRAME_LIMIT) -> bytes:
-    """Serialise an envelope; refuses to produce a frame the receiver would refuse."""
-    if not env.WhichOneof("payload"):
+def varint(n: int) -> bytes:
+    """`n` (>= 0) as a protobuf varint."""
+    out = bytearray()
+    while n > 0x7F:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def encode(env: Envelope, limit: int = DEFAULT_FRAME_LIMIT, tail: bytes = b"") -> bytes:
+    """Serialise an envelope; refuses to produce a frame the receiver would refuse. `tail`:
+    more fields of its payload message, as wire bytes, appended after it (protobuf merges
+    a message field that comes twice): a large payload serialised once by its maker, never
+    copied into the envelope."""
+    field = env.WhichOneof("payload")
+    if not field:
         raise UnknownPayload("envelope has no payload")
     frame = env.SerializeToString()
+    if tail:
+        number = env.DESCRIPTOR.fields_by_name[field].number
+        frame = b"".join((frame, varint(number << 3 | 2), varint(len(tail)), tail))
     if len(frame) > limit:
         raise FrameTooLarge(f"frame of {len(frame)} bytes exceeds the limit of {limit}")
     return frame

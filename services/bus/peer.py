@@ -213,14 +213,15 @@ class _Endpoint:
             env.channel = about.channel  # the endpoint inside the peer that sent it
         self._send_raw(peer, env)
 
-    def _send_raw(self, peer: bytes, env: codec.Envelope) -> bool:
+    def _send_raw(self, peer: bytes, env: codec.Envelope, tail: bytes = b"") -> bool:
         raise NotImplementedError
 
-    def _encode(self, env: codec.Envelope) -> bytes | None:
+    def _encode(self, env: codec.Envelope, tail: bytes = b"") -> bytes | None:
         """The frame, or None (counted, logged) when it is over the frame limit: a message
-        too large to send is refused here, never raised into the caller."""
+        too large to send is refused here, never raised into the caller. `tail`: as
+        codec.encode's."""
         try:
-            return codec.encode(env, self.frame_limit)
+            return codec.encode(env, self.frame_limit, tail)
         except codec.FrameTooLarge as exc:
             self.stats.inc("frames_unsent{reason=too_large}")
             log.warning("message too large to send", socket=self.name,
@@ -267,14 +268,15 @@ class RouterServer(_Endpoint):
         reactor.add_reader(self.sock, self._on_readable)
         self._beat = reactor.every(self.heartbeat.interval / 2, self._tick)
 
-    def send(self, peer: bytes, env: codec.Envelope) -> bool:
+    def send(self, peer: bytes, env: codec.Envelope, tail: bytes = b"") -> bool:
         """Stamp and send; False (and counted) if the peer is unknown or its queue is full.
-        A composite peer's message goes to its connection, with its channel set."""
+        A composite peer's message goes to its connection, with its channel set. `tail`:
+        more of the payload, as wire bytes (codec.encode)."""
         channel = self.channels.channel(peer)
         if channel:
             env.channel = channel
             peer = self.channels.routing_id(peer)
-        return self._send_raw(peer, env)
+        return self._send_raw(peer, env, tail)
 
     def last_heard(self, peer: bytes) -> float | None:
         """When `peer`'s connection (a composite peer's too) was last heard from (reactor
@@ -305,9 +307,9 @@ class RouterServer(_Endpoint):
             return None
         return self._user_ids.get(self.channels.routing_id(peer))
 
-    def _send_raw(self, peer: bytes, env: codec.Envelope) -> bool:
+    def _send_raw(self, peer: bytes, env: codec.Envelope, tail: bytes = b"") -> bool:
         self.sender.stamp(env)
-        frame = self._encode(env)
+        frame = self._encode(env, tail)
         if frame is None:
             return False
         try:
@@ -474,11 +476,11 @@ class DealerClient(_Endpoint):
             return False
         return self._send_raw(b"", env)
 
-    def _send_raw(self, peer: bytes, env: codec.Envelope) -> bool:
+    def _send_raw(self, peer: bytes, env: codec.Envelope, tail: bytes = b"") -> bool:
         if self.sock is None:
             return False
         self.sender.stamp(env)
-        frame = self._encode(env)
+        frame = self._encode(env, tail)
         if frame is None:
             return False
         try:

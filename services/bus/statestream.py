@@ -32,7 +32,6 @@ from services.bus.stream_core import (
     StateEntry,
     SubscriberCore,
     entry_size,
-    varint,
 )
 
 log = get_logger("bus.statestream")
@@ -42,7 +41,7 @@ SNAPSHOT_RETRY = 0.05  # seconds before asking again after a refused snapshot re
 # building snapshots must not be sent more of them); it is reset once synced.
 SNAPSHOT_PATIENCE_MAX = 16
 # Envelope.state_delta on the wire: its tag (field number, length-delimited).
-_STATE_DELTA_TAG = varint(
+_STATE_DELTA_TAG = codec.varint(
     codec.Envelope.DESCRIPTOR.fields_by_name["state_delta"].number << 3 | 2)
 
 
@@ -113,7 +112,7 @@ class StatePublisher:
             # The stamped envelope, then its payload as the delta's bytes (a message's
             # fields may come in any order on the wire): the delta is not copied again.
             head = self.sender.stamp(codec.Envelope()).SerializeToString()
-            self._send_frame(b"".join((head, _STATE_DELTA_TAG, varint(len(delta.payload)),
+            self._send_frame(b"".join((head, _STATE_DELTA_TAG, codec.varint(len(delta.payload)),
                                        delta.payload)))
             self.stats.inc("state_deltas_published")
 
@@ -157,17 +156,16 @@ class StatePublisher:
                 codec.ErrorCode.Value("UNEXPECTED"),
                 f"the snapshot endpoint takes snapshot_request, not {codec.payload_kind(env)}"))
             return
-        batches = self.core.snapshot_batches(env.snapshot_request.prefix)
-        for i, batch in enumerate(batches):  # each chunk built in its envelope: one copy
+        tails = self.core.snapshot_tails(env.snapshot_request.prefix)
+        for i, (_, tail) in enumerate(tails):  # its entries as the store encoded them
             reply = codec.Envelope(in_reply_to=env.message_id)
             chunk = reply.snapshot_chunk
             chunk.epoch, chunk.seq, chunk.last = self.core.epoch, self.core.seq, \
-                i == len(batches) - 1
-            chunk.entries.extend(batch)
-            self.snapshots.send(peer, reply)
+                i == len(tails) - 1
+            self.snapshots.send(peer, reply, tail)
         self.stats.inc("snapshots_served")
         log.info("served snapshot", peer=peer.decode(errors="replace"), seq=self.core.seq,
-                 chunks=len(batches), keys=sum(len(b) for b in batches))
+                 chunks=len(tails), keys=sum(n for n, _ in tails))
 
     def close(self) -> None:
         self._beat.cancel()

@@ -55,6 +55,32 @@ def test_oversized_frame_is_refused_both_ways() -> None:
     assert codec.decode(frame, limit=len(frame)) == env
 
 
+@given(st.lists(st.text(max_size=20), max_size=30), st.integers(0, 2**40), st.booleans())
+def test_a_payload_tail_is_merged_into_the_payload(keys: list[str], seq: int,
+                                                   last: bool) -> None:
+    """encode's `tail` (more of the payload's fields as wire bytes, as the state stream's
+    publisher sends its stored entries) decodes as the payload holding them."""
+    from schemas import bus_pb2
+    entries = [bus_pb2.StateEntry(key=k, deleted=i % 2 == 0) for i, k in enumerate(keys)]
+    whole = valid(in_reply_to="r-1")
+    whole.snapshot_chunk.epoch, whole.snapshot_chunk.seq, whole.snapshot_chunk.last = 3, seq, last
+    head = codec.Envelope()
+    head.CopyFrom(whole)
+    whole.snapshot_chunk.entries.extend(entries)
+    tail = bus_pb2.SnapshotChunk(entries=entries).SerializeToString()
+    assert codec.decode(codec.encode(head, tail=tail)) == whole
+
+
+def test_a_frame_over_the_limit_with_its_tail_is_refused() -> None:
+    head = valid()
+    head.snapshot_chunk.epoch = 1
+    tail = bytes([3 << 3 | 2, 100]) + b"x" * 100  # one entry field of 100 bytes
+    size = len(codec.encode(head, tail=tail))
+    assert size > len(head.SerializeToString()) + len(tail)
+    with pytest.raises(codec.FrameTooLarge):
+        codec.encode(head, limit=size - 1, tail=tail)
+
+
 def test_wrong_version_is_refused_but_names_the_message() -> None:
     env = valid()
     env.version = codec.PROTOCOL_VERSION + 1

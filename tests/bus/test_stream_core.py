@@ -349,5 +349,9 @@ def test_a_snapshot_is_split_as_the_store_measures() -> None:
         assert pub.snapshot_batches(prefix) == expected, prefix
         chunks = pub.snapshot(prefix)
         assert [list(c.entries) for c in chunks] == expected
+        # On the wire, each chunk's entries are the stored entries' own bytes.
+        tails = pub.snapshot_tails(prefix)
+        assert [list(SnapshotChunk.FromString(t).entries) for _, t in tails] == expected
+        assert [n for n, _ in tails] == [len(b) for b in expected]
         assert [c.last for c in chunks] == [False] * (len(chunks) - 1) + [True]
     assert len(pub.snapshot_batches()) > 2
