@@ -155,23 +155,36 @@ class Campaign:
             pids = sorted(self.fleet.executors().items(), key=lambda kv: sorted(kv[1][1]))
             if not pids:
                 raise RuntimeError("no executor to hit")
-            pid, (host, ids) = pids[self.rng.randrange(len(pids))]
-            w = self.work
-            with w.lock:  # its tasks end: they must be told so, not run on
-                live = [t for t, s in w.states.items() if s not in ts.TERMINAL]
-                self._must_end = {t for t in live if w.executor_of.get(t) in ids}
-                # launched there with no word yet: may be starting in it, so may end with it
-                w.excused |= self._must_end | {t for t in live if w.where.get(t) == host
-                                               and t not in w.executor_of}
-            with self.probe.lock:  # the job's instances there end too (relaunched)
-                self.probe.job.excuse(host, ids)
+            pid, served = pids[self.rng.randrange(len(pids))]
+            self._excuse_executor(pid, served)
             return f"executor:{pid}"
         return t
 
+    def _excuse_executor(self, pid: int, served: tuple[str, list[str]]) -> None:
+        """The tasks executor process `pid` serves (on host `served[0]`: executor ids
+        `served[1]`) end with it by the suite's doing: they must be told so, not run on."""
+        host, ids = served
+        w = self.work
+        with w.lock:
+            live = [t for t, s in w.states.items() if s not in ts.TERMINAL]
+            self._must_end |= {t for t in live if w.executor_of.get(t) in ids}
+            # launched there with no word yet: may be starting in it, so may end with it
+            w.excused |= self._must_end | {t for t in live if w.where.get(t) == host
+                                           and t not in w.executor_of}
+        with self.probe.lock:  # the job's instances there end too (relaunched)
+            self.probe.job.excuse(host, ids)
+
     def _apply(self, fault: Fault, victim: str) -> None:
         if victim.startswith("executor:"):
+            pid = int(victim.split(":")[1])
+            # Again, just before the kill: what it serves now (an executor host takes on
+            # its framework's new executors, e.g. a task launched while the campaign sampled
+            # the cluster after choosing it).
+            served = self.fleet.executors().get(pid)
+            if served is not None:
+                self._excuse_executor(pid, served)
             with contextlib.suppress(ProcessLookupError):
-                os.kill(int(victim.split(":")[1]), signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
         elif fault.kind == "partition":
             self.fleet.partition(victim, fault.peer, fault.one_way)
         elif fault.kind in DEGRADE:
