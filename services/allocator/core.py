@@ -14,12 +14,7 @@ from services.allocator.cycle import visit
 from services.allocator.decide import decide
 from services.allocator.fanout import DEFAULT_MAX_OFFERS_PER_FRAMEWORK, Fanout
 from services.allocator.fill import Shape, add_into, next_unit
-from services.allocator.filters import (
-    DEFAULT_REFUSE_SECONDS,
-    MAX_REFUSE_SECONDS,
-    DeclineFilters,
-    refuse_seconds_of,
-)
+from services.allocator.filters import DeclineFilters
 from services.allocator.invariants import check
 from services.allocator.model import (
     Agent,
@@ -50,6 +45,7 @@ from services.allocator.reclaim import Plan
 from services.allocator.reclaim import plan as plan_reclaims
 from services.allocator.reserved import as_held, follow_split, overlap, swap_for_use
 from services.allocator.sorter import DRFSorter, Sorter, role_path
+from services.decline import DEFAULT_REFUSE_SECONDS, MAX_REFUSE_SECONDS, refuse_seconds_of
 from services.resources import MILLI, Resources
 
 # An agent's free resources are worth offering only above these (Mesos MIN_CPUS/MIN_MEM).

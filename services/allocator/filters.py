@@ -5,20 +5,9 @@ and when the next one ends (the shell's wake-up). Pure: time is an argument."""
 from __future__ import annotations
 
 import heapq
-import math
 from collections.abc import Container, Iterator
 
 from services.allocator.model import Filter
-
-DEFAULT_REFUSE_SECONDS = 5.0  # a decline without filters (DESIGN §4, as Mesos)
-MAX_REFUSE_SECONDS = 365 * 24 * 3600.0  # Mesos caps filters at a year too
-
-
-def refuse_seconds_of(seconds: float | None) -> float:
-    """A decline's filter duration; like Mesos, a missing or invalid one is the default."""
-    if seconds is None or math.isnan(seconds) or seconds < 0:
-        return DEFAULT_REFUSE_SECONDS
-    return min(seconds, MAX_REFUSE_SECONDS)
 
 NONE: dict[str, list[Filter]] = {}  # an agent without filters (never modified)
 

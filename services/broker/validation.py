@@ -7,15 +7,12 @@ Pure functions; a failed check raises `Invalid`, which names the check."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 from schemas import common_pb2
 from services import container_policy
+from services.decline import refuse_seconds_of
 from services.resources import UNRESERVED, Resources
-
-DEFAULT_REFUSE_SECONDS = 5.0
-MAX_REFUSE_SECONDS = 365 * 24 * 3600.0  # an absurd filter is capped, as Mesos does
 
 RejectReason = common_pb2.RejectReason
 
@@ -37,13 +34,10 @@ def overlap(a: Resources, b: Resources) -> bool:
 
 
 def refuse_seconds(filters: common_pb2.Filters | None) -> float:
-    """The filter a decline/accept installs: unset = 5 s, 0 = none, nonsense = default."""
-    if filters is None or not filters.HasField("refuse_seconds"):
-        return DEFAULT_REFUSE_SECONDS
-    value = filters.refuse_seconds
-    if math.isnan(value) or value < 0:
-        return DEFAULT_REFUSE_SECONDS
-    return min(value, MAX_REFUSE_SECONDS)
+    """The filter a decline/accept installs (services/decline.py: unset or nonsense = the
+    default, 0 = none, capped)."""
+    has = filters is not None and filters.HasField("refuse_seconds")
+    return refuse_seconds_of(filters.refuse_seconds if has else None)  # type: ignore[union-attr]
 
 
 class Invalid(Exception):
