@@ -25,25 +25,27 @@ _sym_db = _symbol_database.Default()
 from schemas import state_pb2 as schemas_dot_state__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x11schemas/bus.proto\x12\x0bofferbus.v1\x1a\x13schemas/state.proto\" \n\tHeartbeat\x12\x13\n\x0binterval_ms\x18\x01 \x01(\r\">\n\x05\x45rror\x12$\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x16.offerbus.v1.ErrorCode\x12\x0f\n\x07message\x18\x02 \x01(\t\"!\n\x0fSnapshotRequest\x12\x0e\n\x06prefix\x18\x01 \x01(\t\"R\n\nStateEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12&\n\x05value\x18\x02 \x01(\x0b\x32\x17.offerbus.v1.StateValue\x12\x0f\n\x07\x64\x65leted\x18\x03 \x01(\x08\"c\n\rSnapshotChunk\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12(\n\x07\x65ntries\x18\x03 \x03(\x0b\x32\x17.offerbus.v1.StateEntry\x12\x0c\n\x04last\x18\x04 \x01(\x08\"R\n\nStateDelta\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12(\n\x07\x65ntries\x18\x03 \x03(\x0b\x32\x17.offerbus.v1.StateEntry*\x80\x02\n\tErrorCode\x12\x1a\n\x16\x45RROR_CODE_UNSPECIFIED\x10\x00\x12\x13\n\x0fMALFORMED_FRAME\x10\x01\x12\x13\n\x0f\x46RAME_TOO_LARGE\x10\x02\x12\x17\n\x13UNSUPPORTED_VERSION\x10\x03\x12\x13\n\x0fUNKNOWN_PAYLOAD\x10\x04\x12\x0f\n\x0bSTALE_EPOCH\x10\x05\x12\x0e\n\nNOT_LEADER\x10\x06\x12\x10\n\x0cUNAUTHORIZED\x10\x07\x12\x0b\n\x07INVALID\x10\x08\x12\r\n\tNOT_FOUND\x10\t\x12\x0e\n\nUNEXPECTED\x10\n\x12\x0c\n\x08INTERNAL\x10\x0b\x12\x12\n\x0eNOT_REGISTERED\x10\x0c\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x11schemas/bus.proto\x12\x0bofferbus.v1\x1a\x13schemas/state.proto\" \n\tHeartbeat\x12\x13\n\x0binterval_ms\x18\x01 \x01(\r\">\n\x05\x45rror\x12$\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x16.offerbus.v1.ErrorCode\x12\x0f\n\x07message\x18\x02 \x01(\t\"L\n\x0fSnapshotRequest\x12\x0e\n\x06prefix\x18\x01 \x01(\t\x12)\n\x04have\x18\x02 \x01(\x0b\x32\x1b.offerbus.v1.StreamPosition\",\n\x0eStreamPosition\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x0b\n\x03seq\x18\x02 \x01(\x04\"R\n\nStateEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12&\n\x05value\x18\x02 \x01(\x0b\x32\x17.offerbus.v1.StateValue\x12\x0f\n\x07\x64\x65leted\x18\x03 \x01(\x08\"\x8e\x01\n\rSnapshotChunk\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12(\n\x07\x65ntries\x18\x03 \x03(\x0b\x32\x17.offerbus.v1.StateEntry\x12\x0c\n\x04last\x18\x04 \x01(\x08\x12)\n\x04\x62\x61se\x18\x05 \x01(\x0b\x32\x1b.offerbus.v1.StreamPosition\"R\n\nStateDelta\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12(\n\x07\x65ntries\x18\x03 \x03(\x0b\x32\x17.offerbus.v1.StateEntry*\x80\x02\n\tErrorCode\x12\x1a\n\x16\x45RROR_CODE_UNSPECIFIED\x10\x00\x12\x13\n\x0fMALFORMED_FRAME\x10\x01\x12\x13\n\x0f\x46RAME_TOO_LARGE\x10\x02\x12\x17\n\x13UNSUPPORTED_VERSION\x10\x03\x12\x13\n\x0fUNKNOWN_PAYLOAD\x10\x04\x12\x0f\n\x0bSTALE_EPOCH\x10\x05\x12\x0e\n\nNOT_LEADER\x10\x06\x12\x10\n\x0cUNAUTHORIZED\x10\x07\x12\x0b\n\x07INVALID\x10\x08\x12\r\n\tNOT_FOUND\x10\t\x12\x0e\n\nUNEXPECTED\x10\n\x12\x0c\n\x08INTERNAL\x10\x0b\x12\x12\n\x0eNOT_REGISTERED\x10\x0c\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'schemas.bus_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ERRORCODE']._serialized_start=458
-  _globals['_ERRORCODE']._serialized_end=714
+  _globals['_ERRORCODE']._serialized_start=591
+  _globals['_ERRORCODE']._serialized_end=847
   _globals['_HEARTBEAT']._serialized_start=55
   _globals['_HEARTBEAT']._serialized_end=87
   _globals['_ERROR']._serialized_start=89
   _globals['_ERROR']._serialized_end=151
   _globals['_SNAPSHOTREQUEST']._serialized_start=153
-  _globals['_SNAPSHOTREQUEST']._serialized_end=186
-  _globals['_STATEENTRY']._serialized_start=188
-  _globals['_STATEENTRY']._serialized_end=270
-  _globals['_SNAPSHOTCHUNK']._serialized_start=272
-  _globals['_SNAPSHOTCHUNK']._serialized_end=371
-  _globals['_STATEDELTA']._serialized_start=373
-  _globals['_STATEDELTA']._serialized_end=455
+  _globals['_SNAPSHOTREQUEST']._serialized_end=229
+  _globals['_STREAMPOSITION']._serialized_start=231
+  _globals['_STREAMPOSITION']._serialized_end=275
+  _globals['_STATEENTRY']._serialized_start=277
+  _globals['_STATEENTRY']._serialized_end=359
+  _globals['_SNAPSHOTCHUNK']._serialized_start=362
+  _globals['_SNAPSHOTCHUNK']._serialized_end=504
+  _globals['_STATEDELTA']._serialized_start=506
+  _globals['_STATEDELTA']._serialized_end=588
 # @@protoc_insertion_point(module_scope)

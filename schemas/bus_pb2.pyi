@@ -130,20 +130,53 @@ class SnapshotRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     PREFIX_FIELD_NUMBER: _builtins.int
+    HAVE_FIELD_NUMBER: _builtins.int
     prefix: _builtins.str
     """Only entries whose key starts with this prefix ("" for all)."""
+    @_builtins.property
+    def have(self) -> Global___StreamPosition:
+        """The position of the copy the subscriber holds, if any. When it is the position a new
+        leader's stream started from (its standby followed the old one to there), the answer is
+        only what changed since: an incremental snapshot (SnapshotChunk.base set).
+        """
+
     def __init__(
         self,
         *,
         prefix: _builtins.str = ...,
+        have: Global___StreamPosition | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["have", b"have"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["prefix", b"prefix"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["have", b"have", "prefix", b"prefix"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SnapshotRequest: _TypeAlias = SnapshotRequest  # noqa: Y015
+
+@_typing.final
+class StreamPosition(_message.Message):
+    """A position on a state stream."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EPOCH_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
+    epoch: _builtins.int
+    seq: _builtins.int
+    def __init__(
+        self,
+        *,
+        epoch: _builtins.int = ...,
+        seq: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "seq", b"seq"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StreamPosition: _TypeAlias = StreamPosition  # noqa: Y015
 
 @_typing.final
 class StateEntry(_message.Message):
@@ -185,11 +218,18 @@ class SnapshotChunk(_message.Message):
     SEQ_FIELD_NUMBER: _builtins.int
     ENTRIES_FIELD_NUMBER: _builtins.int
     LAST_FIELD_NUMBER: _builtins.int
+    BASE_FIELD_NUMBER: _builtins.int
     epoch: _builtins.int
     seq: _builtins.int
     last: _builtins.bool
     @_builtins.property
     def entries(self) -> _containers.RepeatedCompositeFieldContainer[Global___StateEntry]: ...
+    @_builtins.property
+    def base(self) -> Global___StreamPosition:
+        """Set: an incremental snapshot, the entries that changed (deleted ones as deletions)
+        between the copy at `base` (the request's `have`) and (epoch, seq); unset: the whole.
+        """
+
     def __init__(
         self,
         *,
@@ -197,10 +237,11 @@ class SnapshotChunk(_message.Message):
         seq: _builtins.int = ...,
         entries: _abc.Iterable[Global___StateEntry] | None = ...,
         last: _builtins.bool = ...,
+        base: Global___StreamPosition | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["base", b"base"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries", "epoch", b"epoch", "last", b"last", "seq", b"seq"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["base", b"base", "entries", b"entries", "epoch", b"epoch", "last", b"last", "seq", b"seq"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -30,6 +30,7 @@ from services.bus.stream_core import (
     PublisherCore,
     RequestSnapshot,
     StateEntry,
+    StreamCopy,
     SubscriberCore,
     entry_size,
 )
@@ -79,11 +80,14 @@ class StatePublisher:
     def store(self) -> dict[str, StateEntry]:
         return self.core.store
 
-    def restart(self, epoch: int, entries: Iterable[StateEntry]) -> None:
+    def restart(self, epoch: int, entries: Iterable[StateEntry],
+                base: StreamCopy | None = None) -> None:
         """Lead afresh at `epoch` with this state. Subscribers see the new epoch on the next
         delta or heartbeat and re-snapshot; at the same epoch (a reign that was not resumed)
-        the sequence jumps ahead instead of restarting, with the same effect."""
-        self.core = self.core.successor(epoch, entries)
+        the sequence jumps ahead instead of restarting, with the same effect. `base`: the
+        previous leader's stream as this one's standby followed it (PublisherCore.successor):
+        a subscriber holding that copy is sent only what differs."""
+        self.core = self.core.successor(epoch, entries, base)
         self.active = True
         self._tick_now()
 
@@ -156,16 +160,21 @@ class StatePublisher:
                 codec.ErrorCode.Value("UNEXPECTED"),
                 f"the snapshot endpoint takes snapshot_request, not {codec.payload_kind(env)}"))
             return
-        tails = self.core.snapshot_tails(env.snapshot_request.prefix)
+        request = env.snapshot_request
+        have = (request.have.epoch, request.have.seq) if request.HasField("have") else None
+        base, tails = self.core.snapshot_tails(request.prefix, have)
         for i, (_, tail) in enumerate(tails):  # its entries as the store encoded them
             reply = codec.Envelope(in_reply_to=env.message_id)
             chunk = reply.snapshot_chunk
             chunk.epoch, chunk.seq, chunk.last = self.core.epoch, self.core.seq, \
                 i == len(tails) - 1
+            if base is not None:
+                chunk.base.epoch, chunk.base.seq = base
             self.snapshots.send(peer, reply, tail)
-        self.stats.inc("snapshots_served")
+        self.stats.inc(f"snapshots_served{{kind={'whole' if base is None else 'incremental'}}}")
         log.info("served snapshot", peer=peer.decode(errors="replace"), seq=self.core.seq,
-                 chunks=len(tails), keys=sum(n for n, _ in tails))
+                 chunks=len(tails), keys=sum(n for n, _ in tails),
+                 since=f"{base[0]}/{base[1]}" if base else "")
 
     def close(self) -> None:
         self._beat.cancel()
@@ -258,6 +267,9 @@ class StateSubscriber:
     def _send_request(self, request: int) -> None:
         env = codec.Envelope()
         env.snapshot_request.prefix = self.core.prefix
+        have = self.core.have()  # the store is untouched while syncing: still this
+        if have is not None:
+            env.snapshot_request.have.epoch, env.snapshot_request.have.seq = have
         self._maybe_lost = not self.snapshots.send(env)
         self._asked = (env.message_id, request)  # replies name it in `in_reply_to`
         self._expect_progress()

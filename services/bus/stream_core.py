@@ -1,6 +1,8 @@
 """The state stream's pure core (ZeroMQ Guide "Clone"): a publisher's sequenced key/value
 store, and a subscriber that snapshots, applies newer (epoch, seq) deltas, and resyncs on
-any gap or new epoch. No sockets, no clock: the shells in statestream.py drive these."""
+any gap or new epoch, saying which copy it holds: a new leader that started from that copy
+(its standby followed the old stream) answers with only what changed since (incremental
+snapshots). No sockets, no clock: the shells in statestream.py drive these."""
 
 from __future__ import annotations
 
@@ -15,6 +17,10 @@ from services.bus.codec import varint
 StateEntry = bus_pb2.StateEntry
 StateDelta = bus_pb2.StateDelta
 SnapshotChunk = bus_pb2.SnapshotChunk
+Position = tuple[int, int]  # (epoch, seq) on a stream
+# A successor's changes since its base, kept for incremental snapshots while they number at
+# most twice the store (and this many): beyond, a whole snapshot is about as large.
+MIN_SINCE_BASE = 10_000
 
 # Headroom under the frame limit for the envelope around a delta or chunk.
 ENVELOPE_OVERHEAD = 1024
@@ -31,6 +37,16 @@ T = TypeVar("T")
 def entry_size(entry: StateEntry) -> int:
     """An entry's encoded size inside a delta or chunk (with its tag and length prefix)."""
     return entry.ByteSize() + ENTRY_FRAMING
+
+
+@dataclass(frozen=True)
+class StreamCopy:
+    """A subscriber's synced copy of a stream: its store as of position (epoch, seq). A
+    standby that followed its leader hands it to its own publisher when it leads."""
+
+    epoch: int
+    seq: int
+    store: dict[str, StateEntry]
 
 
 @dataclass(frozen=True)
@@ -80,17 +96,25 @@ class PublisherCore:
         self.seq = seq
         self.max_bytes = max_bytes - ENVELOPE_OVERHEAD
         self.store: dict[str, StateEntry] = {}
+        # The copy this reign's stream started from (a successor's `base`), and the keys
+        # changed since (None: no base; snapshots are whole): a subscriber holding that copy
+        # is answered only those (an incremental snapshot), not the whole store.
+        self.base: Position | None = None
+        self._since_base: set[str] | None = None
         # Each stored entry serialised (as published): a snapshot is these bytes joined, not
         # its entries copied into chunk messages and serialised again (at 110,000 entries a
         # snapshot cost ~0.2 s of a new master's reign; joined: ~0.02 s).
         self._encoded: dict[str, bytes] = {}
 
-    def successor(self, epoch: int, entries: Iterable[StateEntry]) -> PublisherCore:
+    def successor(self, epoch: int, entries: Iterable[StateEntry],
+                  base: StreamCopy | None = None) -> PublisherCore:
         """The publisher of a new reign at `epoch`, holding `entries`. A new epoch starts
         at seq 0 (subscribers resync on the epoch change); a reign at this same epoch (a
         leader that led afresh instead of resuming) continues past our seq with a gap, so
         every subscriber sees the gap and resyncs instead of taking its deltas for ones it
-        already has (or for the next ones)."""
+        already has (or for the next ones). `base`: the copy of the previous leader's stream
+        this reign's standby followed; a subscriber that holds it (the same position) is
+        sent, when it resyncs, only the keys that differ from it (`snapshot_tails`)."""
         seq = self.seq + 1 if epoch == self.epoch else 0
         core = PublisherCore(epoch, self.max_bytes + ENVELOPE_OVERHEAD, seq=seq)
         # As `apply` would (one seq per frame's worth; entries too large left out), without
@@ -100,7 +124,24 @@ class PublisherCore:
         for batch in batches:
             core._store(batch)
             core.seq += 1
+        if base is not None:
+            core._start_from(base)
         return core
+
+    def _start_from(self, base: StreamCopy) -> None:
+        """Record `base` and the keys where this store differs from it (the same entry
+        object, as a standby's held records are, is not compared further)."""
+        old, store = base.store, self.store
+        since = {k for k, e in store.items()
+                 if (was := old.get(k)) is not e and (was is None or was != e)}
+        since.update(k for k in old if k not in store)
+        self.base, self._since_base = (base.epoch, base.seq), since
+        self._bound_since_base()
+
+    def _bound_since_base(self) -> None:
+        if self._since_base is not None and \
+                len(self._since_base) > max(MIN_SINCE_BASE, 2 * len(self.store)):
+            self.base, self._since_base = None, None
 
     def apply(self, entries: Iterable[StateEntry]) -> list[StateDelta]:
         """Apply changes; returns the deltas to publish (several if too large for a frame).
@@ -136,23 +177,34 @@ class PublisherCore:
     def _store(self, encoded: Iterable[tuple[StateEntry, bytes]]) -> None:
         """Keep each entry, with its wire bytes (for snapshots: stored entries never
         change)."""
+        since = self._since_base
         for entry, data in encoded:
+            if since is not None:
+                since.add(entry.key)
             if entry.deleted:
                 self.store.pop(entry.key, None)
                 self._encoded.pop(entry.key, None)
             else:
                 self.store[entry.key] = entry
                 self._encoded[entry.key] = data
+        self._bound_since_base()
 
     def heartbeat(self) -> StateDelta:
         """An empty delta at the current seq: lets subscribers notice a lost last delta."""
         return StateDelta(epoch=self.epoch, seq=self.seq)
 
-    def snapshot(self, prefix: str = "") -> list[SnapshotChunk]:
-        return [SnapshotChunk(epoch=self.epoch, seq=self.seq, entries=batch,
-                              last=i == len(batches) - 1)
-                for batches in [self.snapshot_batches(prefix)]
-                for i, batch in enumerate(batches)]
+    def snapshot(self, prefix: str = "", have: Position | None = None) -> list[SnapshotChunk]:
+        """The chunks answering a snapshot request, as they go on the wire."""
+        base, tails = self.snapshot_tails(prefix, have)
+        return [SnapshotChunk.FromString(self.chunk_head(i == len(tails) - 1, base) + tail)
+                for i, (_, tail) in enumerate(tails)]
+
+    def chunk_head(self, last: bool, base: Position | None) -> bytes:
+        """A chunk's fields but its entries (which `snapshot_tails` gives), serialised."""
+        head = SnapshotChunk(epoch=self.epoch, seq=self.seq, last=last)
+        if base is not None:
+            head.base.epoch, head.base.seq = base
+        return head.SerializeToString()
 
     def snapshot_batches(self, prefix: str = "") -> list[list[StateEntry]]:
         """The entries of each snapshot chunk (at least one chunk, maybe empty), in key
@@ -161,19 +213,32 @@ class PublisherCore:
         store = self.store
         return [[store[k] for k in batch] for batch in self._snapshot_keys(prefix)]
 
-    def snapshot_tails(self, prefix: str = "") -> list[tuple[int, bytes]]:
-        """`snapshot_batches` on the wire: for each chunk, (its number of entries, its entries
-        as SnapshotChunk.entries' bytes: the stored entries' own), for the chunk's other
-        fields to go before them."""
+    def snapshot_tails(self, prefix: str = "", have: Position | None = None,
+                       ) -> tuple[Position | None, list[tuple[int, bytes]]]:
+        """The answer to a snapshot request on the wire: (the base it is changes since, or
+        None for the whole store; for each chunk, its number of entries and its entries as
+        SnapshotChunk.entries' bytes, the stored entries' own), for the chunk's other fields
+        to go before them (`chunk_head`). A subscriber that `have`s this reign's base gets
+        the keys changed since (deleted ones as deletions), the others the whole store."""
+        since = self._since_base
+        incremental = have is not None and have == self.base and since is not None
         encoded = self._encoded
+        if incremental:
+            assert since is not None
+            keys = sorted(k for k in since if k.startswith(prefix))
+            wire = {k: encoded.get(k) or StateEntry(key=k, deleted=True).SerializeToString()
+                    for k in keys}
+        else:
+            keys, wire = sorted(k for k in encoded if k.startswith(prefix)), encoded
         tails = []
-        for batch in self._snapshot_keys(prefix):
+        for batch in split_by_size(keys, self.max_bytes,
+                                   lambda k: len(wire[k]) + ENTRY_FRAMING)[0] or [[]]:
             parts: list[bytes] = []
             for key in batch:
-                data = encoded[key]
+                data = wire[key]
                 parts += (_CHUNK_ENTRIES_TAG, varint(len(data)), data)
             tails.append((len(batch), b"".join(parts)))
-        return tails
+        return (self.base if incremental else None), tails
 
     def _snapshot_keys(self, prefix: str) -> list[list[str]]:
         encoded = self._encoded
@@ -194,6 +259,7 @@ class RequestSnapshot:
 
     reason: str
     request: int = 0
+    have: Position | None = None  # the position of the copy held (None: none yet)
 
 
 @dataclass(frozen=True)
@@ -219,11 +285,18 @@ class SubscriberCore:
     request: int = 0  # the snapshot request being answered (numbered by resync)
     # The SUB stream has reached the snapshot's position: nothing older can still come.
     _caught_up: bool = False
+    # `store` is the copy at (epoch, seq): a snapshot was taken (deltas are buffered, the
+    # store untouched, while syncing again), so a request can say what it holds.
+    _holds: bool = False
     _buffer: list[StateDelta] = field(default_factory=list)
     _chunks: list[SnapshotChunk] = field(default_factory=list)
 
     def start(self) -> list[Output]:
         return self.resync("start")
+
+    def have(self) -> Position | None:
+        """The position of the copy held, for a snapshot request (None: none)."""
+        return (self.epoch, self.seq) if self._holds else None
 
     def resync(self, reason: str) -> list[Output]:
         self.phase = Phase.SYNCING
@@ -231,7 +304,13 @@ class SubscriberCore:
         self._chunks.clear()
         self.resyncs += 1
         self.request += 1
-        return [RequestSnapshot(reason, self.request)]
+        return [RequestSnapshot(reason, self.request, self.have())]
+
+    def copy(self) -> StreamCopy | None:
+        """The copy held while synced (its store itself, not copied), else None."""
+        if self.phase is not Phase.SYNCED:
+            return None
+        return StreamCopy(self.epoch, self.seq, self.store)
 
     def on_delta(self, delta: StateDelta) -> list[Output]:
         if self.phase is Phase.SYNCING:
@@ -272,19 +351,28 @@ class SubscriberCore:
         """A chunk of the answer to snapshot request `request` (RequestSnapshot.request)."""
         if not self.expects(request):
             return []  # an answer to a request we no longer wait for
-        if self._chunks and (chunk.epoch, chunk.seq) != (self._chunks[0].epoch,
-                                                        self._chunks[0].seq):
+        first = self._chunks[0] if self._chunks else chunk
+        if (chunk.epoch, chunk.seq, _base(chunk)) != (first.epoch, first.seq, _base(first)):
             return self.resync("snapshot changed position mid-transfer")
+        base = _base(chunk)
+        if base is not None and base != self.have():
+            self._holds = False  # ask for the whole
+            return self.resync(f"an incremental snapshot since {base}, not what we hold")
         self._chunks.append(chunk)
         if not chunk.last:
             return []
         self.epoch, self.seq = chunk.epoch, chunk.seq
-        self.store = {e.key: e for c in self._chunks for e in c.entries
-                      if e.key.startswith(self.prefix)}
+        out: list[Output]
+        if base is None:
+            self.store = {e.key: e for c in self._chunks for e in c.entries
+                          if e.key.startswith(self.prefix)}
+            out = [Changed(list(self.store.values()), reset=True)]
+        else:  # the changes since the copy we hold
+            out = [self._apply_entries(e for c in self._chunks for e in c.entries)]
         self._chunks.clear()
         self.phase = Phase.SYNCED
+        self._holds = True
         self._caught_up = False
-        out: list[Output] = [Changed(list(self.store.values()), reset=True)]
         buffered, self._buffer = self._buffer, []
         for delta in buffered:
             if delta.epoch != self.epoch or delta.seq <= self.seq:
@@ -304,8 +392,13 @@ class SubscriberCore:
         return self.resync("publisher silent")
 
     def _apply(self, delta: StateDelta) -> Changed:
+        changed = self._apply_entries(delta.entries)
+        self.seq = delta.seq
+        return changed
+
+    def _apply_entries(self, entries: Iterable[StateEntry]) -> Changed:
         changed = []
-        for entry in delta.entries:
+        for entry in entries:
             if not entry.key.startswith(self.prefix):
                 continue
             if entry.deleted:
@@ -313,7 +406,6 @@ class SubscriberCore:
             else:
                 self.store[entry.key] = entry
             changed.append(entry)
-        self.seq = delta.seq
         return Changed(changed)
 
     def validate(self) -> None:
@@ -322,3 +414,8 @@ class SubscriberCore:
         assert all(k.startswith(self.prefix) for k in self.store)
         if self.phase is Phase.SYNCED:
             assert not self._buffer and not self._chunks
+
+
+def _base(chunk: SnapshotChunk) -> Position | None:
+    """The position an incremental chunk's changes are since; None for a whole snapshot."""
+    return (chunk.base.epoch, chunk.base.seq) if chunk.HasField("base") else None

@@ -1,7 +1,8 @@
 """A standby master's following of the leading master's state stream: the leader's agent
 and task records, kept so that once elected this master's core holds them (`followed`, see
 `held` in state.py): its stream starts with them, and a re-registered task comes back as
-the leader had it."""
+the leader had it. The copy followed is also its stream's base: a subscriber that holds the
+same copy resyncs with only what differs (PublisherCore.successor)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from services.bus.peer import Sender
 from services.bus.reactor import Reactor
 from services.bus.statestream import StateSubscriber
 from services.bus.stats import Stats
-from services.bus.stream_core import StateEntry
+from services.bus.stream_core import StateEntry, StreamCopy
 
 log = get_logger("master")
 MASTER = codec.Role.Value("ROLE_MASTER")
@@ -82,16 +83,18 @@ class Follower:
         self.subscriber.connect(pub, snapshot)
         log.info("following the leading master", leader=leader.member_id, epoch=leader.epoch)
 
-    def take(self) -> list[StateEntry]:
-        """The agent and task entries followed (none if no whole snapshot came), and no
-        more following until `follow()`."""
+    def take(self) -> tuple[list[StateEntry], StreamCopy | None]:
+        """The agent and task entries followed, and the copy of the stream they are part of
+        (none if no whole snapshot came); no more following until `follow()`."""
         sub, self.subscriber = self.subscriber, None
         if sub is None:
-            return []
+            return [], None
         sub.close()
-        if sub.core.epoch == 0:  # never had a whole snapshot: a part could mislead
-            return []
-        return [e for k, e in sub.store.items() if k.startswith(self.KINDS)]
+        have = sub.core.have()  # the copy as of that position (even while resyncing)
+        if have is None:  # never had a whole snapshot: a part could mislead
+            return [], None
+        entries = [e for k, e in sub.store.items() if k.startswith(self.KINDS)]
+        return entries, StreamCopy(have[0], have[1], sub.store)
 
     def close(self) -> None:
         self.reactor.remove_reader(self.detector)

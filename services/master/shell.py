@@ -184,7 +184,7 @@ class MasterShell(ServiceKit):
         # Randomness lives here, not in the core: a fresh cluster id (kept only when the
         # registry has none) and an id prefix unique to this leadership.
         self._end_core()
-        followed = self.follower.take()
+        followed, base = self.follower.take()
         self.core = MasterCore(
             self.config.master_id, epoch,
             agent_reregister_window_s=self.config.agent_reregister_window_s,
@@ -197,7 +197,7 @@ class MasterShell(ServiceKit):
             max_gone_agents=self.config.max_gone_agents, acl=self.acl,
             now=self.driver.now())
         entries = self.core.snapshot_entries()
-        self.publisher.restart(epoch, entries)
+        self.publisher.restart(epoch, entries, base)
         self.view.lead(entries, epoch=epoch, paused=False, cluster_id=self.core.cluster_id,
                        leaders=dict(self._service_leaders))
         self.driver.attach(self.core)

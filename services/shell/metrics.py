@@ -27,6 +27,9 @@ STATS_HELP = {
     "calls_rejected": "Calls answered with an error, by error code.",
     "calls_refused": "Calls refused while not leading, by reason.",
     "peer_errors": "Errors received from peers: counted and logged, never answered.",
+    "snapshots_served": "State stream snapshots served, by kind: whole, or incremental (only "
+                        "what changed since the copy a subscriber holds: the copy a new "
+                        "leader's standby followed).",
 }
 
 # Latency buckets (seconds) for the histograms of the offer path: 1 ms to 2 min.

@@ -1,6 +1,8 @@
 """The state stream's pure core under a lossy, duplicating PUB channel, publisher
-failovers and slow snapshots: once the channel settles the subscriber's copy equals the
-publisher's, and its invariants hold after every step (hypothesis state machine)."""
+failovers (among them successors that start from the copy a standby followed, answering a
+subscriber that holds that copy with only what changed) and slow snapshots: once the channel
+settles the subscriber's copy equals the publisher's, and its invariants hold after every
+step (hypothesis state machine)."""
 
 from __future__ import annotations
 
@@ -12,11 +14,13 @@ from schemas import state_pb2
 from services.bus.stream_core import (
     Changed,
     Phase,
+    Position,
     PublisherCore,
     RequestSnapshot,
     SnapshotChunk,
     StateDelta,
     StateEntry,
+    StreamCopy,
     SubscriberCore,
     split_by_size,
 )
@@ -39,6 +43,9 @@ class StreamMachine(RuleBasedStateMachine):
         self.sub = SubscriberCore(prefix="")
         self.channel: list[StateDelta] = []  # PUB -> SUB, in order, may lose messages
         self.pending_request = 0  # the request the publisher has yet to answer
+        self.pending_have: Position | None = None  # the copy that request says it holds
+        # A standby's copy of the stream, as of the last time it caught up.
+        self.standby = StreamCopy(self.epoch, 0, {})
         # Snapshot chunks on their way, with the request each answers: an answer to an
         # earlier request still arrives after the subscriber asked again.
         self.inflight: list[tuple[int, SnapshotChunk]] = []
@@ -49,7 +56,7 @@ class StreamMachine(RuleBasedStateMachine):
     def handle(self, outputs: list[Changed | RequestSnapshot]) -> None:
         for out in outputs:
             if isinstance(out, RequestSnapshot):
-                self.pending_request = out.request
+                self.pending_request, self.pending_have = out.request, out.have
             else:
                 if out.reset:
                     self.mirror = {}
@@ -91,7 +98,8 @@ class StreamMachine(RuleBasedStateMachine):
     @rule()
     def answer_snapshot(self) -> None:
         request, self.pending_request = self.pending_request, 0
-        self.inflight.extend((request, chunk) for chunk in self.pub.snapshot())
+        self.inflight.extend((request, chunk)
+                             for chunk in self.pub.snapshot(have=self.pending_have))
 
     @precondition(lambda self: self.inflight)
     @rule()
@@ -106,6 +114,31 @@ class StreamMachine(RuleBasedStateMachine):
         old = self.pub
         self.pub = PublisherCore(epoch=self.epoch, max_bytes=old.max_bytes + 1024)
         self.pub.apply(list(old.store.values()))
+
+    @rule()
+    def standby_catches_up(self) -> None:
+        """A standby following the stream holds a copy of the publisher's at its position."""
+        self.standby = StreamCopy(self.pub.epoch, self.pub.seq, dict(self.pub.store))
+
+    @rule(changes=st.lists(st.tuples(st.sampled_from(KEYS), st.booleans()), max_size=4),
+          caught_up=st.booleans())
+    def standby_leads(self, changes: list[tuple[str, bool]], caught_up: bool) -> None:
+        """The standby leads at a higher epoch with what it followed (the same entries),
+        some of it changed (as a new master's re-registrations and records change); it
+        starts from that copy, `caught_up` with the old publisher or as of the last time it
+        was, perhaps behind what the subscriber got from the old one."""
+        if caught_up:
+            self.standby_catches_up()
+        self.epoch += 1
+        state = dict(self.standby.store)
+        for key, delete in changes:
+            self.version += 1
+            if delete:
+                state.pop(key, None)
+            else:
+                state[key] = entry(key, self.version)
+        self.pub = self.pub.successor(self.epoch, list(state.values()), base=self.standby)
+        assert self.pub.store == state
 
     @rule()
     def publisher_restart_at_the_same_epoch(self) -> None:
@@ -125,8 +158,20 @@ class StreamMachine(RuleBasedStateMachine):
         self.sub.validate()
         assert self.mirror == self.sub.store  # callbacks alone rebuild the same copy
 
+    @rule()
+    def quiet(self) -> None:
+        """A quiet spell: the subscriber catches up (as it mostly is when a leader dies)."""
+        self.settle()
+
     def teardown(self) -> None:
         """Settle: no more loss; deliver everything, beat, answer requests. Must converge."""
+        self.settle()
+        assert self.sub.phase is Phase.SYNCED
+        assert (self.sub.epoch, self.sub.seq) == (self.pub.epoch, self.pub.seq)
+        assert self.sub.store == self.pub.store
+        self.valid()
+
+    def settle(self) -> None:
         for _ in range(20):
             while self.channel:
                 self.deliver()
@@ -139,10 +184,6 @@ class StreamMachine(RuleBasedStateMachine):
             self.deliver()
             if self.sub.phase is Phase.SYNCED and not self.pending_request:
                 break
-        assert self.sub.phase is Phase.SYNCED
-        assert (self.sub.epoch, self.sub.seq) == (self.pub.epoch, self.pub.seq)
-        assert self.sub.store == self.pub.store
-        self.valid()
 
 
 TestStream = StreamMachine.TestCase
@@ -350,8 +391,77 @@ def test_a_snapshot_is_split_as_the_store_measures() -> None:
         chunks = pub.snapshot(prefix)
         assert [list(c.entries) for c in chunks] == expected
         # On the wire, each chunk's entries are the stored entries' own bytes.
-        tails = pub.snapshot_tails(prefix)
+        base, tails = pub.snapshot_tails(prefix)
+        assert base is None  # no successor's base: the whole store
         assert [list(SnapshotChunk.FromString(t).entries) for _, t in tails] == expected
         assert [n for n, _ in tails] == [len(b) for b in expected]
         assert [c.last for c in chunks] == [False] * (len(chunks) - 1) + [True]
     assert len(pub.snapshot_batches()) > 2
+
+
+def synced_subscriber(pub: PublisherCore) -> SubscriberCore:
+    sub = SubscriberCore()
+    [request] = sub.start()
+    assert isinstance(request, RequestSnapshot) and request.have is None
+    for chunk in pub.snapshot():
+        sub.on_snapshot_chunk(chunk, request.request)
+    assert sub.phase is Phase.SYNCED and sub.store == pub.store
+    return sub
+
+
+def test_a_subscriber_holding_the_copy_a_successor_started_from_gets_only_what_changed() -> None:
+    """A new leader whose standby followed the old stream starts from that copy; a
+    subscriber that holds the same copy is answered with the changes since (a changed key,
+    a deleted one, a new one, and what was published after), not the whole store."""
+    old = PublisherCore(epoch=1, max_bytes=1 << 20)
+    old.apply([entry(f"task/{i}", 1) for i in range(100)])
+    sub = synced_subscriber(old)
+    standby = StreamCopy(old.epoch, old.seq, dict(old.store))
+    state = dict(standby.store)  # the very entries, as a new master's held records are
+    state["task/1"] = entry("task/1", 2)
+    del state["task/2"]
+    state["agent/new"] = entry("agent/new", 1)
+    new = old.successor(2, list(state.values()), base=standby)
+    new.apply([entry("task/3", 3)])
+    [request] = sub.on_delta(new.heartbeat())  # a new epoch: it asks, saying what it holds
+    assert isinstance(request, RequestSnapshot) and request.have == (1, old.seq)
+    chunks = new.snapshot(have=request.have)
+    assert [(c.base.epoch, c.base.seq) for c in chunks] == [(1, old.seq)]
+    assert sorted(e.key for e in chunks[0].entries) == [
+        "agent/new", "task/1", "task/2", "task/3"]
+    out = [o for c in chunks for o in sub.on_snapshot_chunk(c, request.request)]
+    assert [o.reset for o in out if isinstance(o, Changed)] == [False]
+    assert sub.store == new.store and (sub.epoch, sub.seq) == (new.epoch, new.seq)
+    sub.validate()
+
+
+def test_a_subscriber_at_another_position_than_the_successors_base_gets_the_whole() -> None:
+    old = PublisherCore(epoch=1, max_bytes=1 << 20)
+    old.apply([entry(f"task/{i}", 1) for i in range(10)])
+    standby = StreamCopy(old.epoch, old.seq, dict(old.store))
+    old.apply([entry("task/0", 2)])  # the subscriber got one delta the standby did not
+    sub = synced_subscriber(old)
+    new = old.successor(2, list(standby.store.values()), base=standby)
+    [request] = sub.on_delta(new.heartbeat())
+    assert isinstance(request, RequestSnapshot) and request.have == (1, old.seq)
+    chunks = new.snapshot(have=request.have)
+    assert not chunks[0].HasField("base") and len(chunks[0].entries) == 10
+    out = [o for c in chunks for o in sub.on_snapshot_chunk(c, request.request)]
+    assert [o.reset for o in out if isinstance(o, Changed)] == [True]
+    assert sub.store == new.store
+
+
+def test_a_successor_keeps_its_changes_since_its_base_only_while_they_are_few() -> None:
+    """The keys changed since the base are bounded (twice the store, at least
+    MIN_SINCE_BASE): past that, snapshots are whole again."""
+    from services.bus.stream_core import MIN_SINCE_BASE
+    old = PublisherCore(epoch=1, max_bytes=1 << 20)
+    old.apply([entry("task/0", 1)])
+    standby = StreamCopy(old.epoch, old.seq, dict(old.store))
+    new = old.successor(2, [entry("task/0", 1)], base=standby)
+    assert new.base == (1, old.seq)
+    for i in range(0, MIN_SINCE_BASE + 10, 1000):  # tasks come and go
+        new.apply([entry(f"task/x{j}", 1) for j in range(i, i + 1000)])
+        new.apply([entry(f"task/x{j}", 1, deleted=True) for j in range(i, i + 1000)])
+    assert new.base is None
+    assert not new.snapshot(have=(1, old.seq))[0].HasField("base")

@@ -116,6 +116,11 @@ def test_running_tasks_survive_the_death_of_the_leading_master(
         assert {tid: [r.get(k) for k in kept] for tid, r in task_records(cluster).items()} \
             == {tid: [r.get(k) for k in kept] for tid, r in records.items()}
         assert metric(leader_of(cluster.url), "offerbus_master_tasks_held_back_total") == INSTANCES
+        # The allocator and broker held the copy the standby followed: they resynced with
+        # only what changed since (an incremental snapshot), not the whole state.
+        wait_for(lambda: metric(leader_of(cluster.url), 'offerbus_master_snapshots_served_total'
+                                '{kind="incremental"}') >= 1, 15,
+                 message="no subscriber resynced from the copy the new leader started from")
         # The framework re-subscribed under its id and launched nothing new.
         wait_for(lambda: cluster.state()["frameworks"][0].get("connected") is True, 30,
                  message="the framework did not re-subscribe")

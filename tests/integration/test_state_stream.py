@@ -65,7 +65,7 @@ def test_late_subscriber_converges_on_a_large_chunked_state(
     assert reactor.run(until=lambda: sub.store == pub.store, timeout=5)
     assert sub.core.seq == pub.core.seq and sub.stats.get("state_resyncs") == 1
     # Served whole, its chunks as the store encoded them, with nothing raised in serving.
-    assert pub.stats.get("snapshots_served") == 1 and reactor.handler_errors == 0
+    assert pub.stats.get("snapshots_served{kind=whole}") == 1 and reactor.handler_errors == 0
     sub.close()
     pub.close()
 
