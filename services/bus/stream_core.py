@@ -103,7 +103,8 @@ class PublisherCore:
         self._since_base: set[str] | None = None
         # Each stored entry serialised (as published): a snapshot is these bytes joined, not
         # its entries copied into chunk messages and serialised again (at 110,000 entries a
-        # snapshot cost ~0.2 s of a new master's reign; joined: ~0.02 s).
+        # snapshot cost ~0.2 s of a new master's reign; joined: ~0.02 s). An entry a
+        # successor took from its base as it was has none until a snapshot needs them.
         self._encoded: dict[str, bytes] = {}
 
     def successor(self, epoch: int, entries: Iterable[StateEntry],
@@ -117,6 +118,9 @@ class PublisherCore:
         sent, when it resyncs, only the keys that differ from it (`snapshot_tails`)."""
         seq = self.seq + 1 if epoch == self.epoch else 0
         core = PublisherCore(epoch, self.max_bytes + ENVELOPE_OVERHEAD, seq=seq)
+        if base is not None:
+            core._start_from(base, entries)
+            return core
         # As `apply` would (one seq per frame's worth; entries too large left out), without
         # making the deltas nobody sends: subscribers take this state as a snapshot.
         batches, _ = split_by_size(((e, e.SerializeToString()) for e in entries),
@@ -124,19 +128,42 @@ class PublisherCore:
         for batch in batches:
             core._store(batch)
             core.seq += 1
-        if base is not None:
-            core._start_from(base)
         return core
 
-    def _start_from(self, base: StreamCopy) -> None:
-        """Record `base` and the keys where this store differs from it (the same entry
-        object, as a standby's held records are, is not compared further)."""
+    def _start_from(self, base: StreamCopy, entries: Iterable[StateEntry]) -> None:
+        """Hold `entries`, starting from `base`: an entry of the copy itself (a standby's
+        held records are the very entries it followed) is stored as it is, its bytes made
+        when a whole snapshot first needs them (it came in a frame: it fits one); the others
+        are serialised now (one too large for a frame left out, as `apply` would) and, with
+        the keys gone since, are what differs from `base`. The state takes one seq."""
         old, store = base.store, self.store
-        since = {k for k, e in store.items()
-                 if (was := old.get(k)) is not e and (was is None or was != e)}
+        fresh = []
+        for entry in entries:
+            if old.get(entry.key) is entry:
+                store[entry.key] = entry
+            else:
+                fresh.append(entry)
+        batches, _ = split_by_size(((e, e.SerializeToString()) for e in fresh),
+                                   self.max_bytes, _framed_size)
+        for batch in batches:
+            self._store(batch)
+        since = {e.key for batch in batches for e, _ in batch
+                 if (was := old.get(e.key)) is None or was != e}
         since.update(k for k in old if k not in store)
+        self.seq += 1
         self.base, self._since_base = (base.epoch, base.seq), since
         self._bound_since_base()
+
+    def _wire(self, key: str) -> bytes:
+        """A key's entry as it goes in a chunk: the stored entry's bytes (made now if it was
+        stored without them), or a deletion when it is not stored."""
+        data = self._encoded.get(key)
+        if data is None:
+            entry = self.store.get(key)
+            if entry is None:
+                return StateEntry(key=key, deleted=True).SerializeToString()
+            data = self._encoded[key] = entry.SerializeToString()
+        return data
 
     def _bound_since_base(self) -> None:
         if self._since_base is not None and \
@@ -222,14 +249,9 @@ class PublisherCore:
         the keys changed since (deleted ones as deletions), the others the whole store."""
         since = self._since_base
         incremental = have is not None and have == self.base and since is not None
-        encoded = self._encoded
-        if incremental:
-            assert since is not None
-            keys = sorted(k for k in since if k.startswith(prefix))
-            wire = {k: encoded.get(k) or StateEntry(key=k, deleted=True).SerializeToString()
-                    for k in keys}
-        else:
-            keys, wire = sorted(k for k in encoded if k.startswith(prefix)), encoded
+        keys = sorted(k for k in (since if incremental and since is not None else self.store)
+                      if k.startswith(prefix))
+        wire = {k: self._wire(k) for k in keys}
         tails = []
         for batch in split_by_size(keys, self.max_bytes,
                                    lambda k: len(wire[k]) + ENTRY_FRAMING)[0] or [[]]:
@@ -241,10 +263,9 @@ class PublisherCore:
         return (self.base if incremental else None), tails
 
     def _snapshot_keys(self, prefix: str) -> list[list[str]]:
-        encoded = self._encoded
-        keys = sorted(k for k in encoded if k.startswith(prefix))
+        keys = sorted(k for k in self.store if k.startswith(prefix))
         return split_by_size(keys, self.max_bytes,
-                             lambda k: len(encoded[k]) + ENTRY_FRAMING)[0] or [[]]
+                             lambda k: len(self._wire(k)) + ENTRY_FRAMING)[0] or [[]]
 
 
 class Phase(enum.Enum):

@@ -465,3 +465,21 @@ def test_a_successor_keeps_its_changes_since_its_base_only_while_they_are_few() 
         new.apply([entry(f"task/x{j}", 1, deleted=True) for j in range(i, i + 1000)])
     assert new.base is None
     assert not new.snapshot(have=(1, old.seq))[0].HasField("base")
+
+
+def test_a_successor_from_a_base_serves_whole_snapshots_of_its_store_too() -> None:
+    """The entries a successor took from its base as they were are stored without their
+    bytes until a whole snapshot needs them; a fresh entry too large for a frame is left
+    out (its key, there before, is a deletion since the base)."""
+    old = PublisherCore(epoch=1, max_bytes=1024 + 400)
+    old.apply([big(f"task/{i}", 100) for i in range(30)])  # about 9 a chunk
+    standby = StreamCopy(old.epoch, old.seq, dict(old.store))
+    state = {**standby.store, "task/7": big("task/7", 2000), "task/new": entry("task/new", 2)}
+    new = old.successor(2, list(state.values()), base=standby)
+    assert "task/7" not in new.store and len(new.store) == 30
+    fresh = synced_subscriber(new)  # holds nothing: the whole store, split under the limit
+    assert fresh.store == new.store
+    assert len(new.snapshot()) > 2
+    [chunk] = new.snapshot(have=(1, old.seq))
+    assert sorted((e.key, e.deleted) for e in chunk.entries) == [
+        ("task/7", True), ("task/new", False)]
