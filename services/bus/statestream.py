@@ -194,7 +194,10 @@ class StateSubscriber:
         max_missed: int = 5, snapshot_timeout: float = 2.0,
         frame_limit: int = codec.DEFAULT_FRAME_LIMIT, curve: CurveClient | None = None,
         stats: Stats | None = None, fence: EpochFence | None = None,
+        keep_recent: bool = False,
     ) -> None:
+        """`keep_recent`: log the keys of recent deltas (a standby master's following: its
+        copy becomes its stream's base, SubscriberCore.recent)."""
         self.reactor = reactor
         self.ctx = ctx
         self.on_change = on_change
@@ -208,7 +211,7 @@ class StateSubscriber:
         self.silence_limit = heartbeat_interval * max_missed
         self.snapshot_timeout = snapshot_timeout
         self._patience = snapshot_timeout  # doubles after each timeout (SNAPSHOT_PATIENCE_MAX)
-        self.core = SubscriberCore(prefix=prefix)
+        self.core = SubscriberCore(prefix=prefix, keep_recent=keep_recent)
         self.sub: zmq.Socket[bytes] | None = None
         self.snapshots = DealerClient(
             reactor, ctx, sender, self._on_reply,
@@ -261,7 +264,9 @@ class StateSubscriber:
 
     def _request_snapshot(self, out: RequestSnapshot) -> None:
         self.stats.inc("state_resyncs")
-        log.info("requesting snapshot", reason=out.reason, prefix=self.core.prefix)
+        have = out.have
+        log.info("requesting snapshot", reason=out.reason, prefix=self.core.prefix,
+                 have=f"{have[0]}/{have[1]}" if have else "")
         self._send_request(out.request)
 
     def _send_request(self, request: int) -> None:

@@ -21,6 +21,10 @@ Position = tuple[int, int]  # (epoch, seq) on a stream
 # A successor's changes since its base, kept for incremental snapshots while they number at
 # most twice the store (and this many): beyond, a whole snapshot is about as large.
 MIN_SINCE_BASE = 10_000
+# A follower's log of the keys each recent delta changed (SubscriberCore.recent): this many
+# keys at most, so that a subscriber a few deltas behind the copy a successor started from
+# is still answered incrementally.
+RECENT_KEYS = 20_000
 
 # Headroom under the frame limit for the envelope around a delta or chunk.
 ENVELOPE_OVERHEAD = 1024
@@ -41,12 +45,15 @@ def entry_size(entry: StateEntry) -> int:
 
 @dataclass(frozen=True)
 class StreamCopy:
-    """A subscriber's synced copy of a stream: its store as of position (epoch, seq). A
-    standby that followed its leader hands it to its own publisher when it leads."""
+    """A subscriber's synced copy of a stream: its store as of position (epoch, seq), and
+    the keys each of the deltas before it changed (seq -> keys, consecutive up to `seq`; may
+    be empty). A standby that followed its leader hands it to its own publisher when it
+    leads."""
 
     epoch: int
     seq: int
     store: dict[str, StateEntry]
+    recent: dict[int, frozenset[str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -101,6 +108,7 @@ class PublisherCore:
         # is answered only those (an incremental snapshot), not the whole store.
         self.base: Position | None = None
         self._since_base: set[str] | None = None
+        self._before_base: dict[int, frozenset[str]] = {}  # the base's `recent`
         # Each stored entry serialised (as published): a snapshot is these bytes joined, not
         # its entries copied into chunk messages and serialised again (at 110,000 entries a
         # snapshot cost ~0.2 s of a new master's reign; joined: ~0.02 s). An entry a
@@ -152,6 +160,7 @@ class PublisherCore:
         since.update(k for k in old if k not in store)
         self.seq += 1
         self.base, self._since_base = (base.epoch, base.seq), since
+        self._before_base = base.recent
         self._bound_since_base()
 
     def _wire(self, key: str) -> bytes:
@@ -168,7 +177,7 @@ class PublisherCore:
     def _bound_since_base(self) -> None:
         if self._since_base is not None and \
                 len(self._since_base) > max(MIN_SINCE_BASE, 2 * len(self.store)):
-            self.base, self._since_base = None, None
+            self.base, self._since_base, self._before_base = None, None, {}
 
     def apply(self, entries: Iterable[StateEntry]) -> list[StateDelta]:
         """Apply changes; returns the deltas to publish (several if too large for a frame).
@@ -247,9 +256,9 @@ class PublisherCore:
         SnapshotChunk.entries' bytes, the stored entries' own), for the chunk's other fields
         to go before them (`chunk_head`). A subscriber that `have`s this reign's base gets
         the keys changed since (deleted ones as deletions), the others the whole store."""
-        since = self._since_base
-        incremental = have is not None and have == self.base and since is not None
-        keys = sorted(k for k in (since if incremental and since is not None else self.store)
+        changed = self._changed_since(have)
+        incremental = changed is not None
+        keys = sorted(k for k in (changed if changed is not None else self.store)
                       if k.startswith(prefix))
         wire = {k: self._wire(k) for k in keys}
         tails = []
@@ -260,7 +269,21 @@ class PublisherCore:
                 data = wire[key]
                 parts += (_CHUNK_ENTRIES_TAG, varint(len(data)), data)
             tails.append((len(batch), b"".join(parts)))
-        return (self.base if incremental else None), tails
+        return (have if incremental else None), tails
+
+    def _changed_since(self, have: Position | None) -> set[str] | None:
+        """The keys that differ between the copy at `have` and this store, when known: `have`
+        is this reign's base, or a position a few deltas before it (the base's `recent`
+        covers every delta since); else None."""
+        since, base = self._since_base, self.base
+        if have is None or base is None or since is None or have[0] != base[0] or \
+                have[1] > base[1]:
+            return None
+        before = self._before_base
+        gap = range(have[1] + 1, base[1] + 1)
+        if not all(seq in before for seq in gap):
+            return None
+        return since.union(*(before[seq] for seq in gap))
 
     def _snapshot_keys(self, prefix: str) -> list[list[str]]:
         keys = sorted(k for k in self.store if k.startswith(prefix))
@@ -309,6 +332,11 @@ class SubscriberCore:
     # `store` is the copy at (epoch, seq): a snapshot was taken (deltas are buffered, the
     # store untouched, while syncing again), so a request can say what it holds.
     _holds: bool = False
+    # Keep the keys each applied delta changed (`recent`, up to RECENT_KEYS keys): a
+    # follower's, for the successor it may become (StreamCopy.recent).
+    keep_recent: bool = False
+    recent: dict[int, frozenset[str]] = field(default_factory=dict)
+    _recent_keys: int = 0
     _buffer: list[StateDelta] = field(default_factory=list)
     _chunks: list[SnapshotChunk] = field(default_factory=list)
 
@@ -331,7 +359,7 @@ class SubscriberCore:
         """The copy held while synced (its store itself, not copied), else None."""
         if self.phase is not Phase.SYNCED:
             return None
-        return StreamCopy(self.epoch, self.seq, self.store)
+        return StreamCopy(self.epoch, self.seq, self.store, dict(self.recent))
 
     def on_delta(self, delta: StateDelta) -> list[Output]:
         if self.phase is Phase.SYNCING:
@@ -394,6 +422,7 @@ class SubscriberCore:
         self.phase = Phase.SYNCED
         self._holds = True
         self._caught_up = False
+        self.recent, self._recent_keys = {}, 0  # the copy jumped: no deltas lead here
         buffered, self._buffer = self._buffer, []
         for delta in buffered:
             if delta.epoch != self.epoch or delta.seq <= self.seq:
@@ -415,6 +444,12 @@ class SubscriberCore:
     def _apply(self, delta: StateDelta) -> Changed:
         changed = self._apply_entries(delta.entries)
         self.seq = delta.seq
+        if self.keep_recent:
+            keys = frozenset(e.key for e in delta.entries)
+            self.recent[delta.seq] = keys
+            self._recent_keys += len(keys)
+            while self._recent_keys > RECENT_KEYS:
+                self._recent_keys -= len(self.recent.pop(next(iter(self.recent))))
         return changed
 
     def _apply_entries(self, entries: Iterable[StateEntry]) -> Changed:
@@ -435,6 +470,9 @@ class SubscriberCore:
         assert all(k.startswith(self.prefix) for k in self.store)
         if self.phase is Phase.SYNCED:
             assert not self._buffer and not self._chunks
+        seqs = list(self.recent)  # consecutive, up to the copy's position
+        assert seqs == list(range(self.seq - len(seqs) + 1, self.seq + 1))
+        assert self._recent_keys == sum(map(len, self.recent.values())) <= RECENT_KEYS
 
 
 def _base(chunk: SnapshotChunk) -> Position | None:

@@ -79,7 +79,7 @@ class Follower:
             self.subscriber = StateSubscriber(
                 self.reactor, self.ctx, self.sender, lambda change: None,
                 heartbeat_interval=self.heartbeat_interval, max_missed=self.max_missed,
-                stats=self.stats, fence=self.fence, curve=self.curve)
+                stats=self.stats, fence=self.fence, curve=self.curve, keep_recent=True)
         self.subscriber.connect(pub, snapshot)
         log.info("following the leading master", leader=leader.member_id, epoch=leader.epoch)
 
@@ -94,7 +94,7 @@ class Follower:
         if have is None:  # never had a whole snapshot: a part could mislead
             return [], None
         entries = [e for k, e in sub.store.items() if k.startswith(self.KINDS)]
-        return entries, StreamCopy(have[0], have[1], sub.store)
+        return entries, StreamCopy(have[0], have[1], sub.store, dict(sub.core.recent))
 
     def close(self) -> None:
         self.reactor.remove_reader(self.detector)

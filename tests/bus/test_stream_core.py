@@ -46,6 +46,9 @@ class StreamMachine(RuleBasedStateMachine):
         self.pending_have: Position | None = None  # the copy that request says it holds
         # A standby's copy of the stream, as of the last time it caught up.
         self.standby = StreamCopy(self.epoch, 0, {})
+        # A standby's subscriber: no loss, the keys of its recent deltas logged.
+        self.follower = SubscriberCore(keep_recent=True)
+        self.follow_snapshot(self.follower.start())
         # Snapshot chunks on their way, with the request each answers: an answer to an
         # earlier request still arrives after the subscriber asked again.
         self.inflight: list[tuple[int, SnapshotChunk]] = []
@@ -73,7 +76,18 @@ class StreamMachine(RuleBasedStateMachine):
         for key, delete in changes:
             self.version += 1
             batch.append(entry(key, self.version, deleted=delete))
-        self.channel.extend(self.pub.apply(batch))
+        deltas = self.pub.apply(batch)
+        self.channel.extend(deltas)
+        for delta in deltas:
+            self.follow_snapshot(self.follower.on_delta(delta))
+
+    def follow_snapshot(self, outputs: list[Changed | RequestSnapshot]) -> None:
+        """The follower's snapshot requests answered at once."""
+        for out in outputs:
+            if isinstance(out, RequestSnapshot):
+                for chunk in self.pub.snapshot(have=out.have):
+                    self.follow_snapshot(self.follower.on_snapshot_chunk(chunk, out.request))
+        self.follower.validate()
 
     @precondition(lambda self: self.channel)
     @rule()
@@ -118,7 +132,11 @@ class StreamMachine(RuleBasedStateMachine):
     @rule()
     def standby_catches_up(self) -> None:
         """A standby following the stream holds a copy of the publisher's at its position."""
-        self.standby = StreamCopy(self.pub.epoch, self.pub.seq, dict(self.pub.store))
+        # A beat: a follower still at an earlier publisher's epoch asks now.
+        self.follow_snapshot(self.follower.on_delta(self.pub.heartbeat()))
+        copy = self.follower.copy()
+        assert copy is not None and copy.store == self.pub.store
+        self.standby = StreamCopy(copy.epoch, copy.seq, dict(copy.store), copy.recent)
 
     @rule(changes=st.lists(st.tuples(st.sampled_from(KEYS), st.booleans()), max_size=4),
           caught_up=st.booleans())
@@ -483,3 +501,37 @@ def test_a_successor_from_a_base_serves_whole_snapshots_of_its_store_too() -> No
     [chunk] = new.snapshot(have=(1, old.seq))
     assert sorted((e.key, e.deleted) for e in chunk.entries) == [
         ("task/7", True), ("task/new", False)]
+
+
+def test_a_subscriber_a_few_deltas_behind_the_followed_copy_is_answered_incrementally() -> None:
+    """The standby logged the keys of the deltas it applied: a subscriber that missed the
+    last of them (it was busy when the old leader died) gets those keys too, not the whole;
+    one further behind than the log reaches gets the whole."""
+    old = PublisherCore(epoch=1, max_bytes=1 << 20)
+    far_behind = synced_subscriber(old)  # at seq 0: before what the follower's log covers
+    old.apply([entry(f"task/{i}", 1) for i in range(50)])
+    behind = synced_subscriber(old)
+    follower = SubscriberCore(keep_recent=True)
+    [request] = follower.start()
+    assert isinstance(request, RequestSnapshot)
+    for chunk in old.snapshot():
+        follower.on_snapshot_chunk(chunk, request.request)
+    for version in (2, 3):
+        for delta in old.apply([entry("task/1", version), entry("task/2", 0, deleted=True)]):
+            follower.on_delta(delta)
+            if version == 2:
+                behind.on_delta(delta)
+    follower.validate()
+    standby = follower.copy()
+    assert standby is not None and sorted(standby.recent) == [old.seq - 1, old.seq]
+    new = old.successor(2, [e for k, e in standby.store.items() if k != "task/3"], base=standby)
+    [request] = behind.on_delta(new.heartbeat())
+    assert isinstance(request, RequestSnapshot) and request.have == (1, old.seq - 1)
+    chunks = new.snapshot(have=request.have)
+    assert sorted(e.key for e in chunks[0].entries) == ["task/1", "task/2", "task/3"]
+    for chunk in chunks:
+        behind.on_snapshot_chunk(chunk, request.request)
+    assert behind.store == new.store
+    [request] = far_behind.on_delta(new.heartbeat())
+    assert isinstance(request, RequestSnapshot) and request.have == (1, 0)
+    assert not new.snapshot(have=request.have)[0].HasField("base")
