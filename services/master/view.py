@@ -313,10 +313,11 @@ class StateView:
             self._base, self._pending, self._applied = None, {}, self._handed
             self._batches, self._batched = [], 0
         self._counted_meta = meta
-        if base is not None:
-            self._latest, self._tally = {}, Counter()
+        if base is not None:  # a whole state (no deletions), counted in bulk
+            self._latest = {e.key: e for e in base
+                            if not e.deleted and e.value.WhichOneof("kind") in _KINDS}
+            self._tally = Counter(map(_counted, self._latest.values()))
             self._waiting_base, self._waiting = base, {}
-            self._count(base, None)
         for group in (pending.values(), *batches):
             self._count(group, self._waiting)
         if len(self._waiting) > len(self._latest) + PENDING_SLACK:
@@ -324,13 +325,11 @@ class StateView:
             # keys long gone): the replica will take the state whole instead.
             self._waiting_base, self._waiting = list(self._latest.values()), {}
 
-    def _count(self, entries: Iterable[StateEntry],
-               waiting: dict[str, StateEntry] | None) -> None:
+    def _count(self, entries: Iterable[StateEntry], waiting: dict[str, StateEntry]) -> None:
         latest, tally = self._latest, self._tally
         for i, entry in enumerate(entries, 1):
             key = entry.key
-            if waiting is not None:
-                waiting[key] = entry
+            waiting[key] = entry
             old = latest.get(key)
             if old is not None:
                 tally[_counted(old)] -= 1
