@@ -165,12 +165,9 @@ class StatePublisher:
         base, tails = self.core.snapshot_tails(request.prefix, have)
         for i, (_, tail) in enumerate(tails):  # its entries as the store encoded them
             reply = codec.Envelope(in_reply_to=env.message_id)
-            chunk = reply.snapshot_chunk
-            chunk.epoch, chunk.seq, chunk.last = self.core.epoch, self.core.seq, \
-                i == len(tails) - 1
-            if base is not None:
-                chunk.base.epoch, chunk.base.seq = base
-            self.snapshots.send(peer, reply, tail)
+            reply.snapshot_chunk.SetInParent()  # its fields all come in the tail
+            self.snapshots.send(peer, reply,
+                                self.core.chunk_head(i == len(tails) - 1, base) + tail)
         self.stats.inc(f"snapshots_served{{kind={'whole' if base is None else 'incremental'}}}")
         log.info("served snapshot", peer=peer.decode(errors="replace"), seq=self.core.seq,
                  chunks=len(tails), keys=sum(n for n, _ in tails),

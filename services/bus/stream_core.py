@@ -242,20 +242,15 @@ class PublisherCore:
             head.base.epoch, head.base.seq = base
         return head.SerializeToString()
 
-    def snapshot_batches(self, prefix: str = "") -> list[list[StateEntry]]:
-        """The entries of each snapshot chunk (at least one chunk, maybe empty), in key
-        order: sorted by key alone, split by the sizes they were stored with (a snapshot of
-        100,000 tasks measured and sorted every entry again)."""
-        store = self.store
-        return [[store[k] for k in batch] for batch in self._snapshot_keys(prefix)]
-
     def snapshot_tails(self, prefix: str = "", have: Position | None = None,
                        ) -> tuple[Position | None, list[tuple[int, bytes]]]:
         """The answer to a snapshot request on the wire: (the base it is changes since, or
         None for the whole store; for each chunk, its number of entries and its entries as
         SnapshotChunk.entries' bytes, the stored entries' own), for the chunk's other fields
-        to go before them (`chunk_head`). A subscriber that `have`s this reign's base gets
-        the keys changed since (deleted ones as deletions), the others the whole store."""
+        to go before them (`chunk_head`). In key order, split under the frame limit by the
+        entries' stored sizes. A subscriber that `have`s this reign's base (or a position
+        its `recent` log covers) gets the keys changed since (deleted ones as deletions),
+        the others the whole store."""
         changed = self._changed_since(have)
         incremental = changed is not None
         keys = sorted(k for k in (changed if changed is not None else self.store)
@@ -284,11 +279,6 @@ class PublisherCore:
         if not all(seq in before for seq in gap):
             return None
         return since.union(*(before[seq] for seq in gap))
-
-    def _snapshot_keys(self, prefix: str) -> list[list[str]]:
-        keys = sorted(k for k in self.store if k.startswith(prefix))
-        return split_by_size(keys, self.max_bytes,
-                             lambda k: len(self._wire(k)) + ENTRY_FRAMING)[0] or [[]]
 
 
 class Phase(enum.Enum):
@@ -356,10 +346,12 @@ class SubscriberCore:
         return [RequestSnapshot(reason, self.request, self.have())]
 
     def copy(self) -> StreamCopy | None:
-        """The copy held while synced (its store itself, not copied), else None."""
-        if self.phase is not Phase.SYNCED:
+        """The copy held (its store itself, not copied; while syncing again too: the store
+        is untouched then), or None before a first snapshot."""
+        have = self.have()
+        if have is None:
             return None
-        return StreamCopy(self.epoch, self.seq, self.store, dict(self.recent))
+        return StreamCopy(have[0], have[1], self.store, dict(self.recent))
 
     def on_delta(self, delta: StateDelta) -> list[Output]:
         if self.phase is Phase.SYNCING:

@@ -90,11 +90,10 @@ class Follower:
         if sub is None:
             return [], None
         sub.close()
-        have = sub.core.have()  # the copy as of that position (even while resyncing)
-        if have is None:  # never had a whole snapshot: a part could mislead
+        copy = sub.core.copy()  # as of its position (even while resyncing)
+        if copy is None:  # never had a whole snapshot: a part could mislead
             return [], None
-        entries = [e for k, e in sub.store.items() if k.startswith(self.KINDS)]
-        return entries, StreamCopy(have[0], have[1], sub.store, dict(sub.core.recent))
+        return [e for k, e in copy.store.items() if k.startswith(self.KINDS)], copy
 
     def close(self) -> None:
         self.reactor.remove_reader(self.detector)
