@@ -46,6 +46,14 @@ log = get_logger("executor.docker")
 _api_version: str | None = None
 CLIENT_POOL_SIZE = 512  # connections a client keeps: a host's tasks each hold one in wait()
 KILL_WAIT_S = 10.0  # after SIGKILL, how long to wait for the engine to report the exit
+# One container exit at a time from this process (a host serves all of a framework's tasks on
+# its agent): Docker 20.10's libnetwork deadlocks when container exits overlap (moby/moby#46661,
+# fixed in 20.10.27 and 23.0), and the whole engine stops answering; a stop of a 100-task
+# service did that on Debian 12's engine. A kill holds the turn from its signal until the
+# engine has handled the exit, or EXIT_TURN_S at most (a task slow to obey SIGTERM waits out
+# its grace without it, and takes the turn again for its SIGKILL).
+EXIT_TURN_S = 1.0
+_exit_turn = threading.Lock()
 EXEC_KILL_WAIT_S = 2.0  # after killing a timed-out exec, how long its reader may take
 
 
@@ -152,13 +160,19 @@ class DockerRuntime:
             raise RuntimeFailure(_explain(exc)) from exc
 
     def kill(self, handle: Handle, grace_s: float) -> ExitInfo | None:
-        # Our own TERM-wait-KILL: `docker stop -t` only takes whole seconds.
-        self.signal(handle, 15)
-        info = self.wait(handle, max(grace_s, 0.0))
+        # Our own TERM-wait-KILL: `docker stop -t` only takes whole seconds. The engine has
+        # handled an exit (released its network) when its wait returns: then the next may go.
+        grace = max(grace_s, 0.0)
+        with _exit_turn:
+            self.signal(handle, 15)
+            info = self.wait(handle, min(grace, EXIT_TURN_S))
+        if info is None and grace > EXIT_TURN_S:
+            info = self.wait(handle, grace - EXIT_TURN_S)
         if info is None:
             log.info("grace period over; SIGKILL", container=handle.name, grace_s=grace_s)
-            self.signal(handle, 9)
-            info = self.wait(handle, KILL_WAIT_S)
+            with _exit_turn:
+                self.signal(handle, 9)
+                info = self.wait(handle, KILL_WAIT_S)
         return info
 
     # -- logs / find / remove ------------------------------------------------------------
