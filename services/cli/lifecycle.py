@@ -284,6 +284,19 @@ class Reporter:
 MAX_FAILURE_CHARS = 300  # of a failure's message in a progress line
 
 
+def recorded_frameworks(spec: Path) -> set[str]:
+    """The framework id in the status file of spec file `spec`, as a set (empty when there is
+    none, or the file is unreadable)."""
+    from frameworks import spec as specs
+
+    try:
+        doc = json.loads(specs.status_path(spec).read_text())
+    except (OSError, ValueError):
+        return set()
+    fid = doc.get("framework_id") if isinstance(doc, dict) else None
+    return {fid} if isinstance(fid, str) and fid else set()
+
+
 def last_failure(run_dir: Path, name: str) -> str:
     """"; last failure TASK: STATE (REASON): MESSAGE" from the local service framework's
     status file, or "" (none yet, or the file unreadable: a progress line never fails)."""
@@ -483,6 +496,9 @@ def cmd_stop(args: argparse.Namespace, console: Console) -> int:
     if not fids and not spec.exists() and pid is None:
         raise CliError(f"no service {name!r}: no framework of that name is registered and "
                        f"{spec} does not exist")
+    # The framework this run dir's service last ran as: the master may have removed it
+    # already (a stop that timed out before this one), and its containers may still run.
+    recorded = recorded_frameworks(spec)
     timeout = args.wait_timeout or 60.0
     cluster_id = str(state.get("cluster_id") or cluster.known_cluster_id(run_dir))
     executors = executors_of(state, fids) | cluster.executor_ids(run_dir)
@@ -506,7 +522,7 @@ def cmd_stop(args: argparse.Namespace, console: Console) -> int:
                 fids.add(fid)
                 executors.update(executors_of(now_state, {fid}))
             still = fids & named
-            containers = containers_of(fids, cluster_id, executors)
+            containers = containers_of(fids | recorded, cluster_id, executors)
             if containers is None:  # no Docker engine here: say so, do not claim "gone"
                 unchecked.append(True)
                 containers = 0

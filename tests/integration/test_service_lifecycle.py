@@ -20,7 +20,7 @@ import pytest
 
 from infra.zookeeper import ZooKeeperServer
 from services.cli import cluster as local_cluster
-from services.executor.runtime import LABEL_CLUSTER, LABEL_TASK
+from services.executor.runtime import LABEL_CLUSTER, LABEL_FRAMEWORK, LABEL_TASK
 from services.procs import pid_alive
 from tests.e2e import Cluster, local_cluster_in
 from tests.waiting import wait_for
@@ -31,8 +31,8 @@ AGENT_RESOURCES = "cpus:4;mem:4096;disk:10240;ports:[41000-41999]"
 SMALL = ("--cpus", "0.05", "--mem", "16")
 # Service names unique to this run: other tests on this Docker engine may run a "web".
 TAG = uuid.uuid4().hex[:6]
-WEB, MANY, ALPHA, BETA, LABELLED = (f"{n}{TAG}" for n in
-                                    ("web", "many", "alpha", "beta", "labelled"))
+WEB, MANY, ALPHA, BETA, LABELLED, LEFT = (f"{n}{TAG}" for n in
+                                          ("web", "many", "alpha", "beta", "labelled", "left"))
 
 
 def cli(cluster: Cluster, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
@@ -114,6 +114,29 @@ def test_run_twice_is_refused_and_stop_removes_the_service(cluster_a: Cluster,
         assert containers(docker_client, WEB) == []
         assert not [f for f in cluster_a.state()["frameworks"]
                     if f["framework_info"]["name"] == WEB]
+
+
+def test_a_stop_after_the_master_removed_the_framework_still_counts_its_containers(
+        cluster_a: Cluster, docker_client: Any) -> None:
+    """A first `stop` timed out with containers left (the engine wedged); the master had
+    already removed the framework. A second `stop` must not say "its containers gone" while
+    the service's containers run: it knows the framework from the service's status file."""
+    fid = f"gone-{TAG}"
+    frameworks = cluster_a.run_dir / "frameworks"
+    frameworks.mkdir(exist_ok=True)
+    (frameworks / f"{LEFT}.json").write_text(json.dumps({"name": LEFT}))
+    (frameworks / f"{LEFT}.status.json").write_text(json.dumps({"framework_id": fid}))
+    left = docker_client.containers.run(
+        IMAGE, ["sleep", "3600"], detach=True, name=f"offerbus-{LEFT}",
+        labels={LABEL_CLUSTER: cluster_a.state()["cluster_id"], LABEL_FRAMEWORK: fid,
+                LABEL_TASK: f"{LEFT}-0-1"})
+    try:
+        out = cli(cluster_a, "stop", LEFT, "--timeout", "1")
+        assert out.returncode == 1, out.stdout + out.stderr
+        assert "1 container(s) left" in out.stdout + out.stderr
+        assert "containers gone" not in out.stdout
+    finally:
+        left.remove(force=True)
 
 
 def test_fifty_instances_return_0_with_progress_shown(cluster_a: Cluster,
