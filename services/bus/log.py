@@ -9,7 +9,13 @@ from typing import Any
 
 
 def _fmt(value: Any) -> str:
-    text = str(value)
+    if isinstance(value, bytes):  # a socket identity: as text when it is, else its hex
+        text = value.decode("ascii", errors="replace")
+        text = text if text.isprintable() else "0x" + value.hex()
+    else:
+        text = str(value)
+    if not text.isprintable():  # a control byte would break the line (and grep)
+        text = text.encode("unicode_escape").decode("ascii")
     if not text or any(c in text for c in ' ="\n'):
         return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
     return text

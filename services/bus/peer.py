@@ -85,7 +85,7 @@ def decode_counted(frames: list[bytes], limit: int, stats: Stats, socket: str,
         return codec.decode(frames[0], limit)
     except codec.FrameError as exc:
         stats.inc(f"frames_dropped{{reason={exc.reason}}}")
-        log.warning("dropped frame", socket=socket, peer=peer.decode(errors="replace") or "-",
+        log.warning("dropped frame", socket=socket, peer=peer or "-",
                     reason=exc.reason, error=str(exc))
         raise
 
@@ -379,7 +379,7 @@ class RouterServer(_Endpoint):
         if composite is None:
             self.stats.inc("frames_dropped{reason=channels_full}")
             log.warning("channel refused: table full", socket=self.name,
-                        peer=peer.decode(errors="replace"), limit=self.channels.limit)
+                        peer=peer, limit=self.channels.limit)
             self._reply_error(peer, bus_pb2.INTERNAL, f"{self.name} tracks "
                               f"{self.channels.limit} channels already", env)
         return composite
@@ -398,7 +398,7 @@ class RouterServer(_Endpoint):
             channels = self.channels.drop(peer)
             if self._user_ids is not None:
                 self._user_ids.pop(peer, None)
-            log.info("peer gone", socket=self.name, peer=peer.decode(errors="replace"),
+            log.info("peer gone", socket=self.name, peer=peer,
                      channels=len(channels))
             if self.on_peer_gone is not None:
                 for p in [peer, *channels]:
@@ -413,7 +413,7 @@ class RouterServer(_Endpoint):
         except Exception as exc:  # one handler's bug never hides the other channels' loss
             self.stats.inc("handler_errors{handler=peer_gone}")
             log.error("peer-gone handler failed", socket=self.name,
-                      peer=peer.decode(errors="replace"), error=repr(exc), exc_info=True)
+                      peer=peer, error=repr(exc), exc_info=True)
 
     def close(self) -> None:
         self._stop_fencing()

@@ -169,7 +169,7 @@ class StatePublisher:
             self.snapshots.send(peer, reply,
                                 self.core.chunk_head(i == len(tails) - 1, base) + tail)
         self.stats.inc(f"snapshots_served{{kind={'whole' if base is None else 'incremental'}}}")
-        log.info("served snapshot", peer=peer.decode(errors="replace"), seq=self.core.seq,
+        log.info("served snapshot", peer=peer, seq=self.core.seq,
                  chunks=len(tails), keys=sum(n for n, _ in tails),
                  since=f"{base[0]}/{base[1]}" if base else "")
 

@@ -384,7 +384,7 @@ class MasterShell(ServiceKit):
         if self.paused:
             if not self.held_while_paused(lambda: self._on_peer_gone(peer)):
                 log.error("peer gone while paused, and too many calls held: not told to "
-                          "the core", peer=peer.decode(errors="replace"))
+                          "the core", peer=peer)
             return
         core = self.core
         if core is not None:
@@ -464,7 +464,7 @@ class MasterShell(ServiceKit):
 
     def _send(self, server: RouterServer, peer: bytes, env: codec.Envelope) -> None:
         if not server.send(peer, env):
-            log.warning("send failed", socket=server.name, peer=peer.decode(errors="replace"),
+            log.warning("send failed", socket=server.name, peer=peer,
                         kind=codec.payload_kind(env))
 
     def _reject(self, server: RouterServer, peer: bytes, code: int, message: str,
