@@ -52,7 +52,7 @@ KILL_WAIT_S = 10.0  # after SIGKILL, how long to wait for the engine to report t
 # service did that on Debian 12's engine. A kill holds the turn from its signal until the
 # engine has handled the exit, or EXIT_TURN_S at most (a task slow to obey SIGTERM waits out
 # its grace without it, and takes the turn again for its SIGKILL).
-EXIT_TURN_S = 1.0
+EXIT_TURN_S = 0.5
 _exit_turn = threading.Lock()
 EXEC_KILL_WAIT_S = 2.0  # after killing a timed-out exec, how long its reader may take
 
