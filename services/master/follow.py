@@ -19,7 +19,8 @@ from services.bus.peer import Sender
 from services.bus.reactor import Reactor
 from services.bus.statestream import StateSubscriber
 from services.bus.stats import Stats
-from services.bus.stream_core import StateEntry, StreamCopy
+from services.bus.stream_core import Changed, StreamCopy
+from services.master.followed import KINDS, Followed
 
 log = get_logger("master")
 MASTER = codec.Role.Value("ROLE_MASTER")
@@ -28,8 +29,6 @@ MASTER = codec.Role.Value("ROLE_MASTER")
 class Follower:
     """Follows whoever leads the master role, unless it is this master (`member_id`) or
     `leading()` says this master leads; `take()` ends the following with what it holds."""
-
-    KINDS = ("agents/", "tasks/")  # what a new leader holds of its predecessor's stream
 
     def __init__(self, reactor: Reactor, ctx: zmq.Context[zmq.Socket[bytes]],
                  sender: Sender, election_url: str, member_id: str,
@@ -48,6 +47,7 @@ class Follower:
         self.fence = EpochFence(frozenset({MASTER}))
         self.leader: LeaderInfo | None = None
         self.subscriber: StateSubscriber | None = None
+        self.index = Followed()  # the agent and task entries of `subscriber`'s store
         self.detector = detector_from_url(election_url, "master")
         reactor.add_reader(self.detector, self._on_detector)
         self.detector.start()
@@ -77,23 +77,33 @@ class Follower:
             return
         if self.subscriber is None:
             self.subscriber = StateSubscriber(
-                self.reactor, self.ctx, self.sender, lambda change: None,
+                self.reactor, self.ctx, self.sender, self._changed,
                 heartbeat_interval=self.heartbeat_interval, max_missed=self.max_missed,
                 stats=self.stats, fence=self.fence, curve=self.curve, keep_recent=True)
         self.subscriber.connect(pub, snapshot)
         log.info("following the leading master", leader=leader.member_id, epoch=leader.epoch)
 
-    def take(self) -> tuple[list[StateEntry], StreamCopy | None]:
-        """The agent and task entries followed, and the copy of the stream they are part of
-        (none if no whole snapshot came); no more following until `follow()`."""
+    def _changed(self, change: Changed) -> None:
+        """Index the agent and task entries as they change (the store is the copy's)."""
+        sub = self.subscriber
+        if change.reset and sub is not None:
+            self.index.reset(e for k, e in sub.store.items() if k.startswith(KINDS))
+        else:
+            self.index.apply(e for e in change.entries if e.key.startswith(KINDS))
+
+    def take(self) -> tuple[Followed, StreamCopy | None]:
+        """The agent and task entries followed (indexed: the caller owns them now), and the
+        copy of the stream they are part of (none if no whole snapshot came); no more
+        following until `follow()`."""
         sub, self.subscriber = self.subscriber, None
+        index, self.index = self.index, Followed()
         if sub is None:
-            return [], None
+            return Followed(), None
         sub.close()
         copy = sub.core.copy()  # as of its position (even while resyncing)
         if copy is None:  # never had a whole snapshot: a part could mislead
-            return [], None
-        return [e for k, e in copy.store.items() if k.startswith(self.KINDS)], copy
+            return Followed(), None
+        return index, copy
 
     def close(self) -> None:
         self.reactor.remove_reader(self.detector)
