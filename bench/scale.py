@@ -91,13 +91,16 @@ def _get(url: str, timeout: float = 30.0) -> bytes:
         return r.read()
 
 
-def gauges(url: str, name: str) -> dict[str, float]:
-    """A labelled gauge of a service's /metrics, by its one label's value."""
-    out: dict[str, float] = {}
+AGENTS, TASKS = "offerbus_master_agents", "offerbus_master_tasks"
+
+
+def gauges(url: str, *names: str) -> dict[str, dict[str, float]]:
+    """Labelled gauges of one scrape of a service's /metrics: each by its one label's value."""
+    out: dict[str, dict[str, float]] = {name: {} for name in names}
     for family in text_string_to_metric_families(_get(url + "/metrics").decode()):
-        if family.name == name:
+        if family.name in out:
             for s in family.samples:
-                out[next(iter(s.labels.values()), "")] = s.value
+                out[family.name][next(iter(s.labels.values()), "")] = s.value
     return out
 
 
@@ -278,7 +281,7 @@ class Run:
         took = timing[1]
         # The master's view of its own state is a copy kept off its reactor: it may lag
         # the replies the emulator has already had by a moment.
-        _wait(lambda: gauges(self.master_http(), "offerbus_master_agents").get(
+        _wait(lambda: gauges(self.master_http(), AGENTS)[AGENTS].get(
             "AGENT_STATUS_REGISTERED") == self.n, 30, f"the master's /metrics: {self.n} "
               "agents registered")
         self.row["registration_s"] = took
@@ -383,8 +386,9 @@ class Run:
                 if not emulator_done and emu["agents"].get("registered") == self.n \
                         and emu["counts"].get("registered", 0) >= replies + self.n:
                     emulator_done.append(time.monotonic() - timing[0])
-                agents = gauges(new, "offerbus_master_agents")
-                running = gauges(new, "offerbus_master_tasks").get("TASK_RUNNING", 0)
+                # One scrape a poll: each costs the master's GIL while it re-registers.
+                seen = gauges(new, AGENTS, TASKS)
+                agents, running = seen[AGENTS], seen[TASKS].get("TASK_RUNNING", 0)
                 return (agents.get("AGENT_STATUS_REGISTERED") == self.n
                         and running == emu["running"] >= total)
             try:
