@@ -20,6 +20,8 @@ from services.bus.election import parse_url
 from services.bus.reactor import Reactor
 from services.shell import config
 from services.shell.config import Option
+from services.shell.metrics import Metrics
+from services.shell.stalls import StallWatch
 
 
 def stop_on_signals(reactor: Reactor) -> None:
@@ -76,6 +78,7 @@ def setup(service: str, level: str | None) -> None:
 
 class Service(Protocol):
     reactor: Reactor
+    metrics: Metrics
 
     def run(self) -> None: ...
     def close(self) -> None: ...
@@ -129,7 +132,10 @@ def main(service: str, options: Sequence[Option], build: Callable[[dict[str, Any
         return 2
     attributes = trace_attributes(shell) if trace_attributes else {"id": str(values["id"])}
     telemetry.setup(f"offerbus-{service}", batch=True, **attributes)
+    stalls = StallWatch(shell.metrics, log.get_logger(service))
+    stalls.start()
     try:
         return serve(shell)
     finally:
+        stalls.stop()
         telemetry.shutdown()  # flush the last spans
