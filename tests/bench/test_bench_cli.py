@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -122,8 +123,11 @@ def test_a_terminated_scale_bench_takes_its_cluster_down() -> None:
     finally:
         if proc.poll() is None:
             proc.kill()
-        if run_dir is not None and local_cluster.running(run_dir):
-            local_cluster.down(run_dir)
+        if run_dir is not None:
+            if local_cluster.running(run_dir):
+                local_cluster.down(run_dir)
+            # The interrupted bench keeps its logs for a person; this test's are its own.
+            shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def _processes_of(run_dir: Path) -> list[int]:
