@@ -1,7 +1,6 @@
 """The stall watch every service process runs (services/shell/stalls.py): a stall of the
 whole process (here a C call that holds the GIL for over a second, as a huge message's parse
-would) is counted, logged when it ends, and while it lasts every thread's stack is dumped to
-the log, naming the call that held the GIL. Before it, such a stall showed only as a lost
+would) is counted and logged when it ends. Before it, such a stall showed only as a lost
 ZooKeeper session: a leader stepped down mid-launch at 10k agents, its log silent."""
 
 from __future__ import annotations
@@ -55,17 +54,15 @@ sys.exit(process.main("probe", [], lambda values: Shell(), argv=["--cluster", sy
 """
 
 
-def test_a_process_stall_is_counted_logged_and_its_culprit_dumped(tmp_path: Path) -> None:
+def test_a_process_stall_is_counted_and_logged(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", PROBE, f"file://{tmp_path}"],
                          capture_output=True, text=True, timeout=60, cwd=Path.cwd())
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-3000:]
     assert "stalls 0.0 -> 1.0" in out.stdout, text[-3000:]
-    assert "process stalled" in text and "dumped=true" in text.lower(), text[-3000:]
-    # faulthandler's dump, written while the GIL was held, names the call that held it.
-    assert "Timeout (0:00:01)!" in text, text[-3000:]
-    dump = text[text.index("Timeout (0:00:01)!"):]
-    assert 'line' in dump and "in hog" in dump, dump[:3000]
+    line = next((ln for ln in text.splitlines() if "process stalled" in ln), "")
+    seconds = float(line.split("seconds=", 1)[1].split()[0]) if line else 0.0
+    assert seconds >= 1.0 and "main_thread_in=" in line, text[-3000:]
 
 
 def test_a_watch_with_thresholds_out_of_order_is_refused() -> None:
