@@ -15,7 +15,7 @@ from services.shell.metrics import Metrics
 from services.shell.stalls import StallWatch
 
 PROBE = """
-import sys, time
+import sys, threading, time
 from services.bus.reactor import Reactor
 from services.shell import process
 from services.shell.metrics import Metrics
@@ -37,7 +37,10 @@ class Shell:
         return self.metrics.registry.get_sample_value("offerbus_probe_stall_seconds_count")
 
     def run(self):
-        time.sleep(0.3)  # the watch is up
+        deadline = time.monotonic() + 10
+        while not any(t.name == "stall-watch" for t in threading.enumerate()) \
+                and time.monotonic() < deadline:
+            time.sleep(0.01)  # until the watch's thread runs, with a deadline
         before = self.stalls()
         hog(1.6)
         deadline = time.monotonic() + 10
