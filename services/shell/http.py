@@ -220,14 +220,15 @@ class StatusServer:
                     self._reply(Response(503, "text/plain", b"too many streams open\n"))
                     return
                 try:
-                    try:
-                        answer = route.route(query)
-                    except Exception as exc:  # a broken view must not take the service down
-                        log.error("http handler failed", error=repr(exc))
-                        answer = Response(500, "text/plain", f"error: {exc}\n".encode())
-                    if isinstance(answer, Response):
-                        self._reply(answer)
-                        return
+                    answer = route.route(query)
+                except Exception as exc:  # a broken view must not take the service down
+                    log.error("http handler failed", error=repr(exc))
+                    answer = Response(500, "text/plain", f"error: {exc}\n".encode())
+                if isinstance(answer, Response):  # no stream: the place is free before
+                    outer._streams.release()      # the client can read the answer
+                    self._reply(answer)
+                    return
+                try:
                     self.send_response(200)
                     self.send_header("Content-Type", route.content_type)
                     self.send_header("Cache-Control", "no-cache")

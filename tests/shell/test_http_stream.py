@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import http.client
 import queue
+import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -65,5 +67,42 @@ def test_chunks_flow_as_they_are_made_and_the_streams_are_bounded(
         for feed in feeds[1:]:
             feed.put(b"")  # end the streams still open
         assert second.read() == b"" and fourth.read() == b""
+    finally:
+        server.close()
+
+
+
+class SlowToRelease:
+    """The server's stream places, where giving one back takes 0.1 s: the thread that
+    answered is descheduled right there, as it may be on a loaded machine."""
+
+    def __init__(self, places: threading.BoundedSemaphore) -> None:
+        self._places = places
+
+    def acquire(self, blocking: bool = True) -> bool:
+        return self._places.acquire(blocking)
+
+    def release(self) -> None:
+        time.sleep(0.1)  # (the injected delay, not a wait for anything)
+        self._places.release()
+
+
+def test_an_answer_instead_of_a_stream_frees_its_place_before_the_client_has_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client that reads a refusal (400) and asks again at once finds the place free: the
+    place is given back before the answer is sent, not after (it raced in CI)."""
+    monkeypatch.setattr(status_http, "MAX_STREAMS", 1)
+
+    def events(query: Query) -> Response | Iterator[bytes]:
+        return Response(400, "text/plain", b"bad query\n")
+
+    server = StatusServer(Reactor(), "127.0.0.1", 0, {"/events": Stream(events)})
+    server._streams = SlowToRelease(server._streams)  # type: ignore[assignment]
+    try:
+        answers = []
+        for _ in range(3):
+            resp = open_stream(server, "/events?bad=1")
+            answers.append((resp.status, resp.read()))
+        assert answers == [(400, b"bad query\n")] * 3
     finally:
         server.close()
