@@ -425,7 +425,14 @@ class InternalMessage(_message.Message):
 
         FRAMEWORK_ID_FIELD_NUMBER: _builtins.int
         EVENT_FIELD_NUMBER: _builtins.int
+        END_TASKS_FIELD_NUMBER: _builtins.int
         framework_id: _builtins.str
+        end_tasks: _builtins.bool
+        """With an AcceptRejected the broker refused itself (nothing of the ACCEPT left it): the
+        master ends its tasks (TASK_DROPPED, or TASK_ERROR when invalid), as it does for the
+        launches it refuses. Not set when the master refused the launch (it has told them)
+        or never answered it (whether its tasks run is the master's word: reconcile).
+        """
         @_builtins.property
         def event(self) -> _scheduler_pb2.SchedulerEvent: ...
         def __init__(
@@ -433,10 +440,11 @@ class InternalMessage(_message.Message):
             *,
             framework_id: _builtins.str = ...,
             event: _scheduler_pb2.SchedulerEvent | None = ...,
+            end_tasks: _builtins.bool = ...,
         ) -> None: ...
         _HasFieldArgType: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
         def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-        _ClearFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "framework_id", b"framework_id"]  # noqa: Y015
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["end_tasks", b"end_tasks", "event", b"event", "framework_id", b"framework_id"]  # noqa: Y015
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -519,7 +519,9 @@ class SchedulerEvent(_message.Message):
     class AcceptRejected(_message.Message):
         """An ACCEPT failed validation (at the broker or the master) and launched nothing.
         The named tasks also get a terminal Update (TASK_ERROR when invalid, TASK_DROPPED
-        otherwise), so a framework that only follows updates learns it too.
+        otherwise), so a framework that only follows updates learns it too. One exception:
+        REJECT_REASON_AGENT_UNAVAILABLE for a launch a failed master never answered, whose
+        tasks may yet be reported by their agent: reconcile them.
         """
 
         DESCRIPTOR: _descriptor.Descriptor

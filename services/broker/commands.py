@@ -47,11 +47,11 @@ class Offer:
 
 
 
-def _framework_event(framework_id: str,
-                     event: scheduler_pb2.SchedulerEvent) -> internal_pb2.InternalMessage:
+def _framework_event(framework_id: str, event: scheduler_pb2.SchedulerEvent,
+                     end_tasks: bool = False) -> internal_pb2.InternalMessage:
     return internal_pb2.InternalMessage(
         framework_event=internal_pb2.InternalMessage.FrameworkEvent(
-            framework_id=framework_id, event=event))
+            framework_id=framework_id, event=event, end_tasks=end_tasks))
 
 
 @dataclass(frozen=True)
@@ -106,20 +106,22 @@ class Rescind:
 
 @dataclass(frozen=True)
 class AcceptRejected:
-    """To the framework through the master: its ACCEPT launched nothing, and why."""
+    """To the framework through the master: its ACCEPT launched nothing, and why.
+    `refused_here`: the broker refused it (nothing left it), so the master ends its tasks."""
 
     framework_id: str
     offer_ids: tuple[str, ...]
     task_ids: tuple[str, ...]
     reason: int  # RejectReason
     message: str
+    refused_here: bool = False
 
     def to_proto(self) -> internal_pb2.InternalMessage:
         ev = scheduler_pb2.SchedulerEvent(
             accept_rejected=scheduler_pb2.SchedulerEvent.AcceptRejected(
                 offer_ids=self.offer_ids, task_ids=self.task_ids,
                 reason=self.reason, message=self.message))  # type: ignore[arg-type]
-        return _framework_event(self.framework_id, ev)
+        return _framework_event(self.framework_id, ev, self.refused_here)
 
 
 @dataclass(frozen=True)

@@ -342,7 +342,7 @@ class BrokerCore(MasterEvents):
                                           operations, agents[0], offers[0].role)
         except Invalid as bad:
             out.append(AcceptRejected(framework_id, ids, task_ids(operations),
-                                      bad.reason, bad.message))
+                                      bad.reason, bad.message, refused_here=True))
             recs = []
             for oid in mine:
                 o = self._move(oid, OfferState.REJECTED)

@@ -68,6 +68,17 @@ class _Refused(Exception):
         self.task_reason = task_reason
 
 
+def broker_refusal_ends(reason: int) -> tuple[tasks.State, ReasonT]:
+    """How the tasks of an ACCEPT the offer-broker refused end (Mesos: offers no longer
+    valid drop them; an invalid or unauthorised task is an error)."""
+    if reason in (RejectReason.REJECT_REASON_TASK_INVALID,
+                  RejectReason.REJECT_REASON_RESOURCES_EXCEEDED):
+        return tasks.ERROR, Reason.REASON_TASK_INVALID
+    if reason == RejectReason.REJECT_REASON_UNAUTHORIZED:
+        return tasks.ERROR, Reason.REASON_TASK_UNAUTHORIZED
+    return tasks.DROPPED, Reason.REASON_INVALID_OFFERS
+
+
 class MasterCore(OperatorHandlers, RevocationHandlers):
     """See the module docstring. `recovered_registry`: the registry document the previous
     leader persisted (registry_document()); its registered agents get
@@ -353,10 +364,17 @@ class MasterCore(OperatorHandlers, RevocationHandlers):
                     res = Resources()
                 fw.add_offer(o.offer_id, o.agent_id, res)
             self._touch("framework", fw.framework_id)
-        elif kind in ("rescind", "accept_rejected"):
+        elif kind == "rescind":
             if fw is not None:
-                self._offers_done(fw, ev.rescind.offer_ids if kind == "rescind"
-                                  else ev.accept_rejected.offer_ids)
+                self._offers_done(fw, ev.rescind.offer_ids)
+        elif kind == "accept_rejected":
+            if fw is not None:
+                r = ev.accept_rejected
+                self._offers_done(fw, r.offer_ids)
+                if fe.end_tasks:
+                    self._end_unlaunched(fw.framework_id, dict.fromkeys(r.task_ids),
+                                         *broker_refusal_ends(r.reason),
+                                         f"refused by the offer-broker: {r.message}")
         else:
             return [Reject(self.broker, bus_pb2.UNEXPECTED, f"framework event {kind!r} is "
                            "not the broker's to send", channel="internal")]
@@ -378,12 +396,8 @@ class MasterCore(OperatorHandlers, RevocationHandlers):
             if fw is not None:
                 state = tasks.ERROR if no.reason == RejectReason.REJECT_REASON_TASK_INVALID \
                     else tasks.DROPPED
-                for tid in task_ids:
-                    if (req.framework_id, tid) in self.tasks and not tasks.is_terminal(
-                            self.tasks[(req.framework_id, tid)].state):
-                        continue  # a live task has this id: do not tell it ended
-                    self._notify(fw.framework_id, self._status(
-                        tid, state, no.task_reason, no.message, req.agent_id))
+                self._end_unlaunched(fw.framework_id, task_ids, state, no.task_reason,
+                                     no.message, req.agent_id)
             return [self._to_broker(Internal(launch_result=Internal.LaunchResult(
                 request_id=req.request_id, accepted=False, reason=no.reason,  # type: ignore[arg-type]
                 message=no.message, task_ids=task_ids)), traceparent)]

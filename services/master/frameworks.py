@@ -80,10 +80,8 @@ class FrameworkHandlers(MasterState):
         task_ids = list(dict.fromkeys(t.task_id for op in call.accept.operations
                                       if op.WhichOneof("operation") == "launch"
                                       for t in op.launch.tasks))
-        for tid in task_ids:
-            if (fw.framework_id, tid) not in self.tasks:  # never tell a live task it ended
-                self._notify(fw.framework_id, self._status(
-                    tid, tasks.DROPPED, Reason.REASON_INVALID_OFFERS, why))
+        self._end_unlaunched(fw.framework_id, task_ids, tasks.DROPPED,
+                             Reason.REASON_INVALID_OFFERS, why)
         assert fw.peer is not None
         return [ToFramework(fw.peer, fw.framework_id, Event(
             accept_rejected=Event.AcceptRejected(

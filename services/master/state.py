@@ -348,6 +348,16 @@ class MasterState:
             source=source,  # type: ignore[arg-type]
             timestamp_us=us(self._now))
 
+    def _end_unlaunched(self, framework_id: str, task_ids: Iterable[str], state: tasks.State,
+                        reason: ReasonT, message: str, agent_id: str = "") -> None:
+        """Tell the framework these tasks of a refused ACCEPT ended (they never ran), as
+        Mesos does; a live task of the same id is not told it ended."""
+        for tid in task_ids:
+            known = self.tasks.get((framework_id, tid))
+            if known is not None and not tasks.is_terminal(known.state):
+                continue
+            self._notify(framework_id, self._status(tid, state, reason, message, agent_id))
+
     def _notify(self, framework_id: str, status: common_pb2.TaskStatus) -> bool:
         """Queue `status` (as the framework may see it) for the call's batched Update.
         Returns False when the framework is not connected: nothing is sent."""

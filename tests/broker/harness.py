@@ -91,8 +91,11 @@ def make(n: int = 1, fw: str = "f1", agent: str = "a1", timeout: float | None = 
 
 
 def rejected(cmds: Out) -> AcceptRejected:
+    """The one AcceptRejected of an ACCEPT the broker refused itself: nothing left it, so the
+    master is asked to end its tasks."""
     (rej,) = only(cmds, AcceptRejected)
     assert not only(cmds, LaunchRequest)
+    assert rej.refused_here and rej.to_proto().framework_event.end_tasks
     return rej
 
 

@@ -352,9 +352,10 @@ def test_launch_refused_by_the_master() -> None:
     (req,) = only(cmds, LaunchRequest)
     done = core.launch_result(req.request_id, accepted=False,
                               reason=RJ.REJECT_REASON_AGENT_INSUFFICIENT, message="full")
-    rej = rejected(done)
+    (rej,) = only(done, AcceptRejected)
     assert (rej.reason, rej.message, rej.task_ids, rej.offer_ids) == (
         RJ.REJECT_REASON_AGENT_INSUFFICIENT, "full", ("t",), (oid,))
+    assert not rej.refused_here  # the master refused it, and told its tasks so
     (rec,) = recoveries(done)
     assert rec.reason == RC.RECOVER_REASON_LAUNCH_REJECTED and rec.refuse_seconds == 0
     assert rec.resources == Resources.of(cpus=1, mem=100)

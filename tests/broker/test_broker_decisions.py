@@ -100,6 +100,7 @@ def test_a_launch_unanswered_past_its_deadline_with_tasks_unseen_counts_refused(
     cmds = core.tick(T0 + LT)
     (rej,) = only(cmds, AcceptRejected)
     assert rej.reason == RJ.REJECT_REASON_AGENT_UNAVAILABLE and rej.task_ids == ("t1", "t2")
+    assert not rej.refused_here  # its tasks may yet appear: the master does not end them
     (rec,) = recoveries(cmds)
     assert rec.reason == RC.RECOVER_REASON_LAUNCH_REJECTED
     assert rec.resources == Resources.of(cpus=2, mem=128)

@@ -348,6 +348,7 @@ class BrokerMachine(RuleBasedStateMachine):
             rid, accepted, RJ.REJECT_REASON_AGENT_UNAVAILABLE, "gone"))
         assert ledger(res) == sum((ledger(r.resources) for r in recoveries(cmds)), Counter())
         assert len(only(cmds, AcceptRejected)) == (0 if accepted else 1)
+        assert not any(r.refused_here for r in only(cmds, AcceptRejected))  # master told
 
     @rule(agent=st.sampled_from(AGENTS), how=st.sampled_from(["deleted", "unreachable"]))
     def agent_removed(self, agent: str, how: str) -> None:

@@ -3,6 +3,8 @@ calls between frameworks and the offer-broker (frames too large, no broker), ope
 
 from __future__ import annotations
 
+from typing import Any
+
 from schemas import agent_pb2, bus_pb2, common_pb2, operator_pb2, scheduler_pb2
 from services.master.commands import (
     Reject,
@@ -220,4 +222,40 @@ def test_an_accept_with_no_broker_connected_is_rejected_not_lost() -> None:
     decline = Call(framework_id=fid, decline=Call.Decline(offer_ids=["1-o4"]))
     assert not only(core.scheduler_call(b"f1", decline, "m2", T0), ToFramework)
     assert aid in core.agents
+    core.validate()
+
+
+def test_an_accept_the_broker_rejects_ends_its_tasks_as_the_master_reports_them() -> None:
+    """An ACCEPT the broker refuses (its offer rescinded meanwhile, say by an agent's restart)
+    was relayed to the framework as AcceptRejected only, against scheduler.proto's word:
+    its tasks got no update at all, and a scheduler waiting for them waited forever (CI: 8
+    of 110 tasks of the agent-restart flow test). As Mesos does, every task of it now ends:
+    DROPPED (LOST to one not partition-aware) for offers no longer valid, ERROR for an
+    invalid task; a live task of that id is not told."""
+    core, aid, fid = cluster(pa=True)
+    running(core, aid, fid, "live")
+
+    def rejected(reason: int, *tids: str, here: bool = True) -> list[Any]:
+        ev = scheduler_pb2.SchedulerEvent(accept_rejected=scheduler_pb2.SchedulerEvent
+                                          .AcceptRejected(offer_ids=["o9"], task_ids=tids,
+                                                          reason=reason, message="why"))
+        cmds = core.internal_message(b"broker", Internal(framework_event=Internal.FrameworkEvent(
+            framework_id=fid, event=ev, end_tasks=here)), T0 + 1)
+        assert [c.event.accept_rejected.task_ids for c in only(cmds, ToFramework)
+                if c.event.WhichOneof("event") == "accept_rejected"] == [list(tids)]
+        return statuses(cmds, fid)
+
+    got = rejected(RJ.REJECT_REASON_OFFER_UNKNOWN, "t1", "live", "t2")
+    assert [(s.task_id, s.state, s.reason) for s in got] == [
+        ("t1", TS.TASK_DROPPED, R.REASON_INVALID_OFFERS),
+        ("t2", TS.TASK_DROPPED, R.REASON_INVALID_OFFERS)]
+    assert all("why" in s.message and s.source == common_pb2.TaskStatus.SOURCE_MASTER
+               for s in got)
+    got = rejected(RJ.REJECT_REASON_TASK_INVALID, "t3")
+    assert [(s.task_id, s.state, s.reason) for s in got] == [
+        ("t3", TS.TASK_ERROR, R.REASON_TASK_INVALID)]
+    # Refused by the master (which told the tasks) or never answered by it (its tasks may
+    # yet appear): relayed alone.
+    assert rejected(RJ.REJECT_REASON_AGENT_UNAVAILABLE, "t4", here=False) == []
+    assert core.tasks[(fid, "live")].state == TS.TASK_RUNNING
     core.validate()
