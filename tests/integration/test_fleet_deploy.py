@@ -247,9 +247,14 @@ def test_a_job_from_another_host_runs_on_agents_of_different_hosts_with_curve(
                        if f["framework_info"].get("name") == name]
         assert framework.get("principal") == RUNNER, framework
         assert framework.get("labels", {}).get(JOB_LABEL) == name, framework
-        out = client("job", "list", "--json")
-        assert out.returncode == 0, out.stderr
-        listed = json.loads(out.stdout)
+        def job_list() -> dict[str, Any]:
+            out = client("job", "list", "--json")
+            assert out.returncode == 0, out.stderr
+            return dict(json.loads(out.stdout))
+
+        # `running` is the job runner's count, learnt from the state stream after the master.
+        listed = wait_for(lambda: (d := job_list())["jobs"] and d["jobs"][0]["running"] == 2
+                          and d, 20, message=lambda: f"`job list`: {job_list()}")
         assert listed["job_runner"] is True
         assert [(j["name"], j["principal"], j["running"]) for j in listed["jobs"]] == [
             (name, CLIENT, 2)], listed

@@ -166,6 +166,9 @@ def test_the_example_job_file_runs_healthy(cluster: Cluster, docker_client: Any)
         return len(tasks) == 2 and all(t["status"].get("healthy") is True for t in tasks)
     try:
         wait_for(healthy, 60, message="the example job's instances never reported healthy")
-        assert json.loads(ok(cluster, "job", "list", "--json"))["jobs"][0]["running"] == 2
+        # The job runner learns of them from the state stream, after the master: a moment on.
+        listed = lambda: json.loads(ok(cluster, "job", "list", "--json"))["jobs"][0]  # noqa: E731
+        wait_for(lambda: listed()["running"] == 2, 20,
+                 message=lambda: f"`job list` says {listed()}")
     finally:
         ok(cluster, "job", "stop", "web")
