@@ -377,6 +377,18 @@ class ServiceScheduler(Scheduler):
             self._roll(driver)
         self._write_status()
 
+    def accept_rejected(self, driver: SchedulerDriver, offer_ids: list[str],
+                        task_ids: list[str], reason: int, message: str) -> None:
+        """A refused launch's tasks end by an update, but for one a failed master never
+        answered, whose tasks may yet run: ask the master of those still counted placed."""
+        with self.lock:
+            ask = [(t, inst.agent_id) for t in task_ids
+                   if (i := self.by_task.get(t)) is not None
+                   and (inst := self.instances[i]).task_id == t and inst.live]
+        if ask:
+            logger.info("launch refused; reconciling", tasks=len(ask), message=message)
+            driver.reconcile(ask)
+
     def rescinded(self, driver: SchedulerDriver, offer_ids: list[str], reason: int) -> None:
         pass
 

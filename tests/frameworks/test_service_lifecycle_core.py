@@ -247,3 +247,24 @@ def test_the_last_failure_is_in_the_status_with_its_reason_and_message() -> None
     assert sched.status()["last_failure"] == {
         "task_id": "web-0-1", "state": "TASK_FAILED",
         "reason": "REASON_CONTAINER_LAUNCH_FAILED", "message": "no such image"}
+
+
+def test_a_launch_the_master_never_answered_is_reconciled_not_relaunched() -> None:
+    """A launch a failed master never answered is refused by the broker (AcceptRejected,
+    REJECT_REASON_AGENT_UNAVAILABLE) without ending its tasks, which may yet run: the
+    service asks the master about those instances (explicit reconciliation) instead of
+    waiting forever for an update, and launches none of them again meanwhile. Instances
+    that already ended (by the master's update) are not asked about."""
+    driver = FakeDriver()
+    sched = ServiceScheduler(spec(instances=2, ports=[]))
+    sched.offers(driver, [offer("o1", "h1", [])])
+    tids = sorted(i.task_id for i in sched.instances.values())
+    sched.update(driver, TS(task_id=tids[1], agent_id="S-h1", state=common_pb2.TASK_DROPPED))
+    sched.accept_rejected(driver, ["o1"], tids, common_pb2.REJECT_REASON_AGENT_UNAVAILABLE,
+                          "the master never answered the launch")
+    reconciles = [c[1] for c in driver.calls if c[0] == "reconcile"]
+    assert reconciles == [[(tids[0], "S-h1")]]
+    accepts = [c for c in driver.calls if c[0] == "accept"]
+    sched.offers(driver, [offer("o2", "h1", [])], now=1e9)
+    relaunched = [c for c in driver.calls if c[0] == "accept"][len(accepts):]
+    assert all(tids[0] not in str(c) for c in relaunched)
