@@ -2,8 +2,14 @@
 or the run dir given): the CLI is run as a user types it, N instances, R rounds, and each
 step is set against the moment the CLI was started: the framework process subscribed (its
 log), the first and last container created and started (the engine's own timestamps), the
-CLI's return. The service is stopped after each round. Prints the median of each step and
-writes bench/results/timeline.json.
+CLI's return. The service is stopped after each round. Also the CPU seconds each group of
+processes used from the CLI's start to its return, against the cores' total (on 2 cores
+the engine competes with the services for them): Offerbus's services (every cluster's on
+the machine), the CLI, ZooKeeper, the container engine (its shims and runc), kernel
+threads (where the engine's network and file-system set-up runs) and the rest, but for
+init (the orphans it reaps, as an earlier round's executor hosts, would count their whole
+lives at their end). Prints the median of each step and writes
+bench/results/timeline.json.
 
 `python -m bench.timeline [--instances 20] [--rounds 3] [--run-dir .run/cluster]`"""
 
@@ -11,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import os
 import re
 import statistics
 import subprocess
@@ -49,13 +56,74 @@ def _cli(run_dir: Path, *args: str) -> None:
                    check=True, capture_output=True, timeout=300)
 
 
+ENGINE = ("dockerd", "containerd", "containerd-shim", "runc", "docker-init", "docker-proxy")
+OFFERBUS = "Offerbus services"
+GROUPS = (OFFERBUS, "the CLI", "ZooKeeper", "container engine", "kernel threads",
+          "other")
+
+
+def _group(pid: int, comm: str, cmdline: str) -> str:
+    if pid == os.getpid():
+        return "the CLI"  # this process's waited-for children: the CLI runs
+    if not cmdline:
+        return "kernel threads"
+    if comm.startswith(ENGINE) or os.path.basename(cmdline.split(" ")[0]).startswith(ENGINE):
+        return "container engine"
+    module = re.search(r" -m ((?:services|frameworks)\.[\w.]+)", cmdline)
+    if module is not None:  # by module: an executor host is its agent's launcher, forked
+        return f"{OFFERBUS}: {module.group(1).replace('.__main__', '')}"
+    if "zookeeper" in cmdline.lower() or "QuorumPeerMain" in cmdline:
+        return "ZooKeeper"
+    return "other"
+
+
+def cpu_by_process() -> dict[int, tuple[str, float]]:
+    """Each live process's group and the CPU seconds it has used (/proc: its own, and its
+    waited-for children's: runc's go to the engine's shims, each CLI run to this process)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    used: dict[int, tuple[str, float]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or entry == "1":
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+            with open(f"/proc/{entry}/cmdline", "rb") as fb:
+                cmdline = fb.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue  # it ended meanwhile
+        comm = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        ticks = sum(int(x) for x in fields[11:15])  # utime, stime, cutime, cstime
+        used[int(entry)] = (_group(int(entry), comm, cmdline), ticks / tick)
+    return used
+
+
+def cpu_by_group(before: dict[int, tuple[str, float]]) -> dict[str, float]:
+    """CPU seconds each group used since `before` (cpu_by_process()): processes alive now,
+    from their start if they are new. (A process that ended unwaited-for took its time
+    with it: the kernel's short-lived workers, mostly.)"""
+    used = dict.fromkeys(GROUPS, 0.0)
+    for pid, (group, seconds) in cpu_by_process().items():
+        was = before.get(pid)
+        spent = seconds - (was[1] if was is not None and was[0] == group else 0.0)
+        if group.startswith(f"{OFFERBUS}: "):  # its module's row, and the services' total
+            used[group] = used.get(group, 0.0) + spent
+            group = OFFERBUS
+        used[group] += spent
+    return used
+
+
 def one_round(client: docker.DockerClient, run_dir: Path, n: int, name: str
               ) -> dict[str, float]:
-    """Each step's seconds after the CLI started, for one `offerbus run` of `n`."""
+    """Each step's seconds after the CLI started, for one `offerbus run` of `n`, and the CPU
+    seconds each group of processes used meanwhile ("cpu: GROUP")."""
+    before = cpu_by_process()
     started = time.time()
     _cli(run_dir, "run", "--name", name, "--image", IMAGE, "--instances", str(n),
          "--cpus", "0.1", "--mem", "32", "--", "sleep", "3600")
     returned = time.time()
+    used = cpu_by_group(before)
     try:
         ours = [c for c in client.containers.list(filters={"label": "org.offerbus.task_id"})
                 if c.labels.get("org.offerbus.task_id", "").startswith(f"{name}-")]
@@ -72,7 +140,8 @@ def one_round(client: docker.DockerClient, run_dir: Path, n: int, name: str
     at = {"framework subscribed": subscribed, "first container created": created[0],
           "last container created": created[-1], "first container started": running[0],
           "last container started": running[-1], "CLI returned": returned}
-    return {step: at[step] - started for step in STEPS}
+    return {**{step: at[step] - started for step in STEPS},
+            **{f"cpu: {g}": v for g, v in used.items()}}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -90,12 +159,22 @@ def main(argv: list[str] | None = None) -> None:
         name = f"tl{args.instances}r{r}x{int(time.time()) % 100000}"
         rounds.append(one_round(client, args.run_dir, args.instances, name))
         progress(f"round {r + 1}/{args.rounds}: " + ", ".join(
-            f"{step} +{sec:.3f}s" for step, sec in rounds[-1].items()))
+            f"{step} +{rounds[-1][step]:.3f}s" for step in STEPS) + "; CPU-s " + ", ".join(
+            f"{g} {rounds[-1][f'cpu: {g}']:.2f}" for g in GROUPS))
     medians = {step: statistics.median(r[step] for r in rounds) for step in STEPS}
     print(f"\n{'step':28s} {'median':>8s}   min-max (seconds after the CLI started)")
     for step in STEPS:
         values = [r[step] for r in rounds]
         print(f"{step:28s} {medians[step]:7.3f}s   {min(values):.3f}-{max(values):.3f}")
+    cores = os.cpu_count() or 1
+    print(f"\nCPU seconds from the CLI's start to its return ({cores} cores: "
+          f"{cores * medians['CLI returned']:.1f} CPU-s in all)")
+    modules = sorted({k for r in rounds for k in r if k.startswith(f"cpu: {OFFERBUS}: ")})
+    for key in [f"cpu: {g}" for g in GROUPS[:1]] + modules + [f"cpu: {g}" for g in GROUPS[1:]]:
+        values = [r.get(key, 0.0) for r in rounds]
+        label = key.removeprefix("cpu: ").replace(f"{OFFERBUS}: ", "  ")
+        print(f"{label:28s} {statistics.median(values):7.2f}    "
+              f"{min(values):.2f}-{max(values):.2f}")
     result: dict[str, Any] = {"instances": args.instances, "rounds": rounds,
                               "median": medians}
     print(f"results: {write('timeline', result)}")

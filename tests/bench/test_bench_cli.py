@@ -142,3 +142,17 @@ def _processes_of(run_dir: Path) -> list[int]:
             except OSError:
                 continue
     return found
+
+
+def test_timeline_counts_the_cli_runs_cpu_under_the_cli() -> None:
+    """bench.timeline's CPU groups: a child this process ran and waited for (as it runs the
+    CLI) is counted under "the CLI", the time it spent on a core (not the wall clock)."""
+    from bench.timeline import GROUPS, cpu_by_group, cpu_by_process
+
+    before = cpu_by_process()
+    subprocess.run([sys.executable, "-c",
+                    "import time\nt = time.process_time()\n"
+                    "while time.process_time() - t < 0.4: pass"], check=True, timeout=60)
+    used = cpu_by_group(before)
+    assert set(GROUPS) <= set(used) and all(v >= 0 for v in used.values())
+    assert used["the CLI"] >= 0.3
