@@ -105,6 +105,12 @@ class Master:
         env.internal.CopyFrom(msg)
         assert self.internal.send(self.broker[0], env)
 
+    def rejections(self, start: int = 0) -> list[Any]:
+        """The FrameworkEvents (envelopes: `end_tasks` with them) that carry AcceptRejected."""
+        return [env.internal.framework_event for env in self.received[start:]
+                if env.internal.WhichOneof("kind") == "framework_event"
+                and env.internal.framework_event.event.WhichOneof("event") == "accept_rejected"]
+
     def events(self, kind: str, start: int = 0) -> list[Any]:
         """Payloads of the given InternalMessage kind (or FrameworkEvent event kind)."""
         out = []
@@ -289,6 +295,8 @@ def test_offers_flow_filters_hold_launches_land_and_a_killed_broker_is_replaced(
         rejected = master.pump_until(lambda: master.events("accept_rejected", mark), STEP,
                                      "an old offer id was not refused")[0]
         assert rejected.reason == common_pb2.RejectReason.REJECT_REASON_OFFER_UNKNOWN
+        # Refused by the broker itself: the master is to end its tasks (it names none here).
+        assert [fe.end_tasks for fe in master.rejections(mark)] == [True]
     finally:
         master.close()
 
@@ -363,6 +371,8 @@ def test_launches_the_master_never_answers_are_settled_by_the_brokers_timer(
         assert 1.4 <= took <= 1.5 + STEP / 2, took
         assert [list(r.task_ids) for r in rejected] == [["t-lost"]]
         assert rejected[0].reason == common_pb2.RejectReason.REJECT_REASON_AGENT_UNAVAILABLE
+        # Its task may yet run (the master's word): the master is not to end it.
+        assert [fe.end_tasks for fe in master.rejections(mark)] == [False]
 
         def settled() -> str | None:
             metrics = http_get(tmp_path, "broker", "/metrics").decode()

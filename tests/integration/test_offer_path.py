@@ -118,6 +118,23 @@ def one_shot(cluster: Cluster, name: str, make_task: Any) -> tuple[Recorder, Sch
     return rec, start(cluster, rec, name)
 
 
+def test_tasks_beyond_their_offer_end_as_task_error_not_in_silence(cluster: Cluster) -> None:
+    """A launch the offer-broker refuses (its tasks need more than the offer holds) reaches
+    the framework as AcceptRejected and, for each task, a TASK_ERROR from the master (it
+    got no update at all before: a scheduler waiting on its tasks waited forever)."""
+    rec, driver = one_shot(cluster, "too-big", lambda o: sleep_task("too-big-1", o, cpus=64))
+    try:
+        wait_for(lambda: rec.state_of("too-big-1") is not None and rec.rejected, 60,
+                 message=lambda: f"updates: {dict(rec.updates)}; rejected: {rec.rejected}")
+        last = rec.last("too-big-1")
+        assert last is not None and last.state == S.TASK_ERROR, last
+        assert last.reason == common_pb2.TaskStatus.REASON_TASK_INVALID, last
+        assert "refused by the offer-broker" in last.message and "cpus" in last.message, last
+        assert [u.state for u in rec.updates["too-big-1"]] == [S.TASK_ERROR]
+    finally:
+        stop(driver)
+
+
 def test_a_failing_command_reports_its_exit_code(cluster: Cluster) -> None:
     rec, driver = one_shot(cluster, "fails", lambda o: sleep_task(
         "exit-1", o, command=["sh", "-c", "echo boom >&2; exit 1"]))
