@@ -379,8 +379,9 @@ class ServiceScheduler(Scheduler):
 
     def accept_rejected(self, driver: SchedulerDriver, offer_ids: list[str],
                         task_ids: list[str], reason: int, message: str) -> None:
-        """A refused launch's tasks end by an update, but for one a failed master never
-        answered, whose tasks may yet run: ask the master of those still counted placed."""
+        """A refused launch's tasks end by the master's update, but for a launch a failed
+        master never answered, whose tasks may yet run: each instance still counted placed
+        is asked about (a reconciliation; an update still on its way answers it too)."""
         with self.lock:
             ask = [(t, inst.agent_id) for t in task_ids
                    if (i := self.by_task.get(t)) is not None

@@ -19,6 +19,7 @@ import sys, threading, time
 from services.bus.reactor import Reactor
 from services.shell import process
 from services.shell.metrics import Metrics
+from tests.waiting import wait_for
 
 
 def hog(seconds):
@@ -37,15 +38,11 @@ class Shell:
         return self.metrics.registry.get_sample_value("offerbus_probe_stall_seconds_count")
 
     def run(self):
-        deadline = time.monotonic() + 10
-        while not any(t.name == "stall-watch" for t in threading.enumerate()) \
-                and time.monotonic() < deadline:
-            time.sleep(0.01)  # until the watch's thread runs, with a deadline
+        wait_for(lambda: any(t.name == "stall-watch" for t in threading.enumerate()), 10,
+                 interval=0.01, message="the stall watch's thread never ran")
         before = self.stalls()
         hog(1.6)
-        deadline = time.monotonic() + 10
-        while self.stalls() == before and time.monotonic() < deadline:
-            time.sleep(0.02)  # until the watch has counted the stall, with a deadline
+        wait_for(lambda: self.stalls() != before, 10, message="no stall counted")
         print(f"stalls {before} -> {self.stalls()}", flush=True)
 
     def close(self):
