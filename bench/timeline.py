@@ -52,8 +52,12 @@ def _log_time(line: str) -> float | None:
 
 
 def _cli(run_dir: Path, *args: str) -> None:
-    subprocess.run([sys.executable, "-m", "services.cli", "--run-dir", str(run_dir), *args],
-                   check=True, capture_output=True, timeout=300)
+    """The CLI as a user runs it; if it fails, the bench stops with the CLI's own words."""
+    out = subprocess.run([sys.executable, "-m", "services.cli", "--run-dir", str(run_dir),
+                          *args], capture_output=True, text=True, timeout=300)
+    if out.returncode != 0:
+        raise SystemExit(f"bench timeline: `offerbus {' '.join(args[:3])} ...` failed "
+                         f"(exit {out.returncode}):\n{out.stderr or out.stdout}")
 
 
 ENGINE = ("dockerd", "containerd", "containerd-shim", "runc", "docker-init", "docker-proxy")

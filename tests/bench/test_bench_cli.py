@@ -156,3 +156,13 @@ def test_timeline_counts_the_cli_runs_cpu_under_the_cli() -> None:
     used = cpu_by_group(before)
     assert set(GROUPS) <= set(used) and all(v >= 0 for v in used.values())
     assert used["the CLI"] >= 0.3
+
+
+def test_timeline_says_why_the_cli_failed_not_a_traceback(tmp_path: Path) -> None:
+    """A run dir with no cluster: the bench stops with the CLI's own words (they were hidden
+    in a CalledProcessError's traceback, the CLI's output captured and dropped)."""
+    out = subprocess.run([sys.executable, "-m", "bench.timeline", "--instances", "1",
+                          "--rounds", "1", "--run-dir", str(tmp_path / "none")], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0
+    assert "no cluster given" in out.stderr and "Traceback" not in out.stderr, out.stderr
