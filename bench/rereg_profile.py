@@ -32,6 +32,7 @@ from services.emulator.agents import AgentsCore, ToMaster
 from services.emulator.shell import AGENT_RESOURCES
 from services.master.commands import Publish, ToAgent
 from services.master.core import MasterCore
+from services.master.followed import Followed
 from services.resources import Resources
 from services.shell.process import GC_YOUNG_THRESHOLD
 
@@ -99,7 +100,7 @@ def emulator_side(emu: AgentsCore, n: int) -> list[tuple[str, bytes]]:
     return out
 
 
-def master_side(registry: dict[str, Any], followed: list[bus_pb2.StateEntry],
+def master_side(registry: dict[str, Any], followed: Followed | list[bus_pb2.StateEntry],
                 calls: list[tuple[str, bytes]]) -> MasterCore:
     new = MasterCore("m2", 8, recovered_registry=registry, followed=followed,
                      now=T0 + 1)
@@ -145,8 +146,9 @@ def main() -> None:
         # The old leader's task records, as a standby following its stream holds them: as
         # a master rebuilds them from these re-registrations (the setup's old master
         # registered the agents only).
-        followed = [e for e in master_side(registry, [], calls).snapshot_entries()
-                    if e.key.startswith(("agents/", "tasks/"))] if args.followed else []
+        # Indexed as the standby indexes them while following (not on the failover's path).
+        followed = Followed.of(e for e in master_side(registry, [], calls).snapshot_entries()
+                               if e.key.startswith(("agents/", "tasks/")) and args.followed)
         gc.collect()
         new = _timed(best, "master", args.profile, partial(master_side, registry, followed, calls))
         running = sum(1 for x in new.tasks.values() if x.state == tasks.RUNNING)

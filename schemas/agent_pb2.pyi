@@ -132,6 +132,13 @@ class AgentCall(_message.Message):
         TASKS_FIELD_NUMBER: _builtins.int
         EXECUTORS_FIELD_NUMBER: _builtins.int
         FRAMEWORKS_FIELD_NUMBER: _builtins.int
+        TASKS_DIGEST_FIELD_NUMBER: _builtins.int
+        tasks_digest: _builtins.int
+        """The digest of `tasks` (services/report_digest.py): a master that followed its
+        predecessor's records of this agent, and finds them the same by this digest, takes
+        them whole instead of reading each task (a failover re-registers every agent at once).
+        Unset: the master reads each task.
+        """
         @_builtins.property
         def agent_info(self) -> _common_pb2.AgentInfo: ...
         @_builtins.property
@@ -149,12 +156,15 @@ class AgentCall(_message.Message):
             tasks: _abc.Iterable[Global___AgentCall.Reregister.Task] | None = ...,
             executors: _abc.Iterable[_common_pb2.ExecutorInfo] | None = ...,
             frameworks: _abc.Iterable[_common_pb2.FrameworkInfo] | None = ...,
+            tasks_digest: _builtins.int | None = ...,
         ) -> None: ...
-        _HasFieldArgType: _TypeAlias = _typing.Literal["agent_info", b"agent_info"]  # noqa: Y015
+        _HasFieldArgType: _TypeAlias = _typing.Literal["_tasks_digest", b"_tasks_digest", "agent_info", b"agent_info", "tasks_digest", b"tasks_digest"]  # noqa: Y015
         def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-        _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_info", b"agent_info", "executors", b"executors", "frameworks", b"frameworks", "tasks", b"tasks"]  # noqa: Y015
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["_tasks_digest", b"_tasks_digest", "agent_info", b"agent_info", "executors", b"executors", "frameworks", b"frameworks", "tasks", b"tasks", "tasks_digest", b"tasks_digest"]  # noqa: Y015
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-        def WhichOneof(self, oneof_group: _Never) -> None: ...
+        _WhichOneofReturnType__tasks_digest: _TypeAlias = _typing.Literal["tasks_digest"]  # noqa: Y015
+        _WhichOneofArgType__tasks_digest: _TypeAlias = _typing.Literal["_tasks_digest", b"_tasks_digest"]  # noqa: Y015
+        def WhichOneof(self, oneof_group: _WhichOneofArgType__tasks_digest) -> _WhichOneofReturnType__tasks_digest | None: ...
 
     @_typing.final
     class StatusUpdates(_message.Message):

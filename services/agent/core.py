@@ -12,7 +12,7 @@ import uuid as uuidlib
 from collections.abc import Callable, Iterable, Sequence
 
 from schemas import agent_pb2, bus_pb2, common_pb2, executor_pb2
-from services import tasks
+from services import report_digest, tasks
 from services.agent import status_updates as su
 from services.agent.commands import (
     Command,
@@ -170,6 +170,7 @@ class AgentCore(ContainerHousekeeping):
         call = agent_pb2.AgentCall(agent_id=self.agent_id)
         if self.agent_id:
             call.reregister.CopyFrom(self.state())
+            call.reregister.tasks_digest = report_digest.of_report(call.reregister.tasks)
         else:
             call.register.agent_info.CopyFrom(self.info)
         self._register_at = now + self._register_backoff.next_delay()

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from schemas import agent_pb2, bus_pb2, common_pb2
-from services import tasks
+from services import report_digest, tasks
 from services.agent.status_updates import MAX_BATCH, RETRY_INITIAL_S, RetryTimer
 from services.notice import Notice
 
@@ -63,6 +63,7 @@ class VTask:
     # so a failover's 10,000 Reregisters are joined from bytes, not built field by field.
     wire: bytes = b""
     wire_of: tuple[int, str] | None = None
+    digest: int = 0  # its part of the report's digest (report_digest.py), made with `wire`
 
     @property
     def key(self) -> Key:
@@ -166,14 +167,17 @@ class AgentsCore:
             rr.agent_info.agent_id = a.agent_id
             used: set[str] = set()
             parts: list[bytes] = []
+            digest = 0
             for t in a.tasks.values():
                 if t.reported:
                     used.add(t.framework_id)
                     parts.append(_wire(t, a.agent_id))
+                    digest += t.digest
             parts += [self._fw_wire[f] for f in sorted(used) if f in self._fw_wire]
             # Each part is a Reregister of one task and its executor, or of one framework:
             # joined, they parse as the whole (repeated fields append, in order).
             rr.MergeFromString(b"".join(parts))
+            rr.tasks_digest = digest & report_digest.MASK
         else:
             self.counts["registrations_sent"] += 1
             call.register.agent_info.CopyFrom(a.info)
@@ -527,6 +531,7 @@ def _wire(t: VTask, agent_id: str) -> bytes:
         part.executors.add(executor_id=ex_id, framework_id=t.framework_id, agent_id=agent_id,
                            task_ids=[tid])
         t.wire, t.wire_of = part.SerializeToString(), (t.state, agent_id)
+        t.digest = report_digest.item(t.framework_id, tid, t.state, ex_id)
     return t.wire
 
 

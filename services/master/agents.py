@@ -11,6 +11,7 @@ from schemas import agent_pb2, bus_pb2, common_pb2, operator_pb2, scheduler_pb2
 from services import tasks
 from services.master.acl import Acl
 from services.master.commands import Command, Reject, ToAgent, ToFramework, ToOperator
+from services.master.followed import made_record
 from services.master.liveness import AgentLiveness
 from services.master.records import (
     GONE,
@@ -43,6 +44,7 @@ class _Plan:
     # Of `add`: the records as the previous leader had them, taken back whole (state.py
     # `held`): already on the stream.
     taken: set[TaskKey] = field(default_factory=set)
+    whole: bool = False  # taken whole by the report's digest (`_plan_whole`)
 
     def added(self) -> dict[str, Resources]:
         """What the live records to create hold, by framework (each summed once: a failover
@@ -71,7 +73,8 @@ class AgentHandlers(AgentLiveness):
         if kind == "reregister":
             r = call.reregister
             return self._admit(peer, r.agent_info, r.tasks, r.frameworks, message_id,
-                               rereg=True)
+                               rereg=True, digest=r.tasks_digest
+                               if r.HasField("tasks_digest") else None)
         if kind is None:
             return [Reject(peer, bus_pb2.UNKNOWN_PAYLOAD, "AgentCall carries no call",
                            message_id)]
@@ -135,7 +138,8 @@ class AgentHandlers(AgentLiveness):
     # -- admission ---------------------------------------------------------------------
     def _admit(self, peer: bytes, info: common_pb2.AgentInfo, reported: Sequence[Reported],
                frameworks: Sequence[common_pb2.FrameworkInfo], message_id: str,
-               rereg: bool) -> list[Command]:
+               rereg: bool, digest: int | None = None) -> list[Command]:
+        """`digest`: the report's tasks_digest, when the agent gave one."""
         def reject(code: int, why: str) -> list[Command]:
             return [Reject(peer, code, why, message_id)]
 
@@ -169,7 +173,7 @@ class AgentHandlers(AgentLiveness):
         if resend:
             assert known is not None
             total = known.total
-        plan = self._plan(aid, known, reported, frameworks)
+        plan = self._plan(aid, known, reported, frameworks, digest)
         added = plan.added()
         need = Resources.total([*added.values(), *(t.resources for t in plan.reconcile),
                                 *(t.resources for t, s in plan.refresh
@@ -189,6 +193,7 @@ class AgentHandlers(AgentLiveness):
         for fid, tid in self._release_held(aid).keys() - plan.taken:  # the agent's word
             self._touch("task", fid, tid)
         self.tasks_held_back += len(plan.taken)
+        self.reports_taken_whole += plan.whole
         if known is None:
             # Back after a master failover as the registry has it: registered since then.
             kept = was is not None and was.get("status") == "registered" \
@@ -241,10 +246,16 @@ class AgentHandlers(AgentLiveness):
                 resources=agent.total.to_proto())))
 
     def _plan(self, aid: str, known: Agent | None, reported: Sequence[Reported],
-              frameworks: Sequence[common_pb2.FrameworkInfo]) -> _Plan:
-        plan = _Plan()
+              frameworks: Sequence[common_pb2.FrameworkInfo], digest: int | None = None,
+              ) -> _Plan:
         infos = {f.framework_id: f for f in frameworks if f.framework_id}
         held = self.held.get(aid) if known is None else None
+        if held is not None and digest is not None and digest == self.held_digests.get(aid) \
+                and len(reported) == len(held):
+            whole = self._plan_whole(aid, held, infos)
+            if whole is not None:
+                return whole
+        plan = _Plan()
         seen: set[TaskKey] = set()
         # The last task's resources, parsed: an agent's tasks mostly share one shape, and
         # comparing two messages costs half of parsing one (100,000 after a failover).
@@ -325,6 +336,34 @@ class AgentHandlers(AgentLiveness):
                     plan.reconcile.append(task)
                 else:
                     plan.dropped.append(task)
+        return plan
+
+    def _plan_whole(self, aid: str, held: dict[TaskKey, bus_pb2.StateEntry],
+                    infos: dict[str, common_pb2.FrameworkInfo]) -> _Plan | None:
+        """The plan of an agent whose report has the digest of its held records: each taken
+        back whole, as `_plan` takes a record the report matches, its record made as it was
+        followed (`held_made`) or now, without the report read task by task (100,000 after
+        a failover at 10k agents). None when a record cannot be taken so (its resources do
+        not parse, a framework removed, a key known otherwise): `_plan` reads the report."""
+        if not self.tasks.keys().isdisjoint(held):
+            return None
+        made = self.held_made
+        add: list[Task] = []
+        for key, entry in held.items():
+            task = made.get(key) or made_record(key, aid, entry.value.task)
+            if task is None:
+                return None
+            add.append(task)
+        plan = _Plan(add=add, taken=set(held), whole=True)
+        for fid in dict.fromkeys(key[0] for key in held):  # in the order followed
+            if fid in self.removed_frameworks:
+                return None
+            fw = self.frameworks.get(fid)
+            if fw is None:
+                plan.adopt[fid] = infos.get(fid) or common_pb2.FrameworkInfo(
+                    framework_id=fid, failover_timeout_s=self.agent_reregister_window_s)
+            elif not fw.connected and fid in infos:
+                plan.adopt[fid] = infos[fid]
         return plan
 
     def _apply_plan(self, agent: Agent, plan: _Plan, added: dict[str, Resources],

@@ -129,14 +129,18 @@ class MasterCore(OperatorHandlers, RevocationHandlers):
         """The followed records of the agents recovering, taken whole (this core owns them
         now): 10,000 agents' dicts, not 110,000 entries indexed one by one."""
         recovering = self.recovering
+        digests = followed.digests
         for aid, records in followed.tasks.items():
             if aid in recovering:
                 self.held[aid] = records
+                self.held_digests[aid] = digests[aid]
         if len(self.held) == len(followed.tasks):
-            self.held_keys = followed.task_agent
+            self.held_keys, self.held_made = followed.task_agent, followed.made
         else:  # some followed agents are not recovering (gone, or not in the registry)
             for aid, records in self.held.items():
                 self.held_keys.update(dict.fromkeys(records, aid))
+            made = followed.made
+            self.held_made = {k: made[k] for k in self.held_keys if k in made}
         for aid, entry in followed.agents.items():
             if aid in recovering:
                 shown = bus_pb2.StateEntry()

@@ -20,7 +20,7 @@ from schemas import (
     scheduler_pb2,
     state_pb2,
 )
-from services import tasks
+from services import report_digest, tasks
 from services.master.commands import (
     Command,
     PersistRegistry,
@@ -91,13 +91,18 @@ class MasterState:
         # agent re-registering with a task in the same state and run gets the record back
         # whole, published no more (the stream has it); what the agent reports differently
         # or not at all is its word, published (agents.py `_plan`). An agent's held records
-        # go when it re-registers or its window ends.
+        # go when it re-registers or its window ends. `held_digests`: agent id -> the report
+        # digest of its held records (an agent reporting the same digest gets them all back
+        # without its report read task by task).
         self.held: dict[str, dict[TaskKey, bus_pb2.StateEntry]] = {}
         self.held_keys: dict[TaskKey, str] = {}
+        self.held_digests: dict[str, int] = {}
+        self.held_made: dict[TaskKey, Task] = {}  # their records, made as they were followed
         # Their agents' entries as the previous leader published them, now RECOVERING (not
         # offered; the allocator keeps their tasks counted) until re-registered here.
         self.held_agents: dict[str, bus_pb2.StateEntry] = {}
         self.tasks_held_back = 0  # re-registered tasks whose held record was taken back
+        self.reports_taken_whole = 0  # re-registrations whose report's digest matched
         self.removed_frameworks: OrderedDict[str, None] = OrderedDict()
         self.agent_peers: dict[bytes, str] = {}
         self.framework_peers: dict[bytes, str] = {}
@@ -265,10 +270,12 @@ class MasterState:
         """The agent's held records, held no more (the caller publishes each key again
         whose record it did not take back whole: as this core has it then, or deleted)."""
         self.held_agents.pop(agent_id, None)
+        self.held_digests.pop(agent_id, None)
         held = self.held.pop(agent_id, {})
         for key in held:
             if self.held_keys.get(key) == agent_id:
                 del self.held_keys[key]
+                self.held_made.pop(key, None)
         return held
 
     def _registry_changed(self, *agent_ids: str) -> None:
@@ -531,6 +538,10 @@ class MasterState:
         assert self.held.keys() <= self.recovering.keys()
         assert self.held_agents.keys() <= self.recovering.keys()
         assert self.held_keys == {k: aid for aid, recs in self.held.items() for k in recs}
+        assert self.held_made.keys() <= self.held_keys.keys()
+        assert self.held_digests == {aid: report_digest.combine(
+            report_digest.item(*k, e.value.task.status.state, e.value.task.status.executor_id)
+            for k, e in recs.items()) for aid, recs in self.held.items()}
         assert all(self.agents[a].peer == p for p, a in self.agent_peers.items())
         for fid, fw in self.frameworks.items():
             assert fw.framework_id == fid

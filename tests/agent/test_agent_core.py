@@ -7,6 +7,7 @@ from __future__ import annotations
 import uuid
 
 from schemas import agent_pb2, bus_pb2, common_pb2, executor_pb2
+from services import report_digest
 from services.agent import status_updates as su
 from services.agent.core import (
     AgentCore,
@@ -304,6 +305,9 @@ def test_restart_takes_task_states_from_the_update_log_not_the_last_saved_state(
     rereg = again.master_detected(10.0)[0]
     assert isinstance(rereg, ToMaster)
     assert rereg.call.reregister.tasks[0].latest_status.state == S.TASK_RUNNING
+    # Its digest is of what it reports now (a new master compares it with what it followed).
+    assert rereg.call.reregister.tasks_digest == report_digest.item(
+        FW, "t1", S.TASK_RUNNING, ex_id) != saved.tasks_digest
     events = [c.event.WhichOneof("event") for c in subscribe(again, ex_id)
               if isinstance(c, ToExecutor)]
     assert events == ["subscribed"]  # the executor acked its task long ago: no Launch

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -158,6 +160,7 @@ def test_timeline_counts_the_cli_runs_cpu_under_the_cli() -> None:
     assert used["the CLI"] >= 0.3
 
 
+@pytest.mark.integration  # the bench reaches the container engine before the CLI
 def test_timeline_says_why_the_cli_failed_not_a_traceback(tmp_path: Path) -> None:
     """A run dir with no cluster: the bench stops with the CLI's own words (they were hidden
     in a CalledProcessError's traceback, the CLI's output captured and dropped)."""

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schemas import agent_pb2, bus_pb2, common_pb2
-from services import tasks
+from services import report_digest, tasks
 from services.emulator.agents import RUN_LABEL, AgentsCore, Reg, ToMaster
 from services.notice import Notice
 from services.resources import Resources
@@ -230,6 +230,7 @@ def expected_reregister(c: AgentsCore, name: str) -> agent_pb2.AgentCall.Reregis
         rr.executors.add(executor_id=ex_id, framework_id=t.framework_id, agent_id=a.agent_id,
                          task_ids=[tid])
     rr.frameworks.append(FW)
+    rr.tasks_digest = report_digest.of_report(rr.tasks)
     return rr
 
 

@@ -7,6 +7,7 @@ import math
 from typing import Any, TypeVar
 
 from schemas import agent_pb2, common_pb2, internal_pb2, operator_pb2, scheduler_pb2
+from services import report_digest
 from services.master.commands import (
     Command,
     PersistRegistry,
@@ -97,10 +98,14 @@ def reported(fid: str, tid: str, state: int, res: str = "cpus:1;mem:128",
 
 def reregister(core: MasterCore, peer: bytes, agent_id: str, tasks: list[Any],
                frameworks: list[common_pb2.FrameworkInfo] = (),  # type: ignore[assignment]
-               now: float = T0, res: str = "cpus:4;mem:4096") -> list[Command]:
+               now: float = T0, res: str = "cpus:4;mem:4096", digest: bool = False,
+               ) -> list[Command]:
+    """`digest`: the report carries its tasks' digest, as agents send it."""
     call = agent_pb2.AgentCall(agent_id=agent_id, reregister=agent_pb2.AgentCall.Reregister(
         agent_info=agent_info(agent_id, peer.decode(), res), tasks=tasks,
         frameworks=frameworks))
+    if digest:
+        call.reregister.tasks_digest = report_digest.of_report(call.reregister.tasks)
     return core.agent_call(peer, call, now)
 
 

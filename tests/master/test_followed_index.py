@@ -11,14 +11,21 @@ from hypothesis import strategies as st
 from schemas import bus_pb2
 from services.master.core import MasterCore
 from services.master.followed import KINDS, Followed
+from services.tasks import RUNNING
 from tests.master.helpers import T0, cluster, launch, running
 
 AGENTS = ("a1", "a2", "a3")
 
 
-def _task(fid: str, tid: str, aid: str) -> bus_pb2.StateEntry:
+def _task(fid: str, tid: str, aid: str, state: int = 0) -> bus_pb2.StateEntry:
     e = bus_pb2.StateEntry(key=f"tasks/{fid}/{tid}")
     e.value.task.agent_id = aid
+    e.value.task.status.state = state  # type: ignore[assignment]
+    e.value.task.task_info.task_id = tid
+    e.value.task.task_info.resources.add(name="cpus", scalar=0.5)
+    if tid == "w":  # not a quantity: no record is made (its agent's report is read)
+        del e.value.task.task_info.resources[:]
+        e.value.task.task_info.resources.add(name="cpus")
     return e
 
 
@@ -34,7 +41,7 @@ def _deleted(key: str) -> bus_pb2.StateEntry:
 
 change = st.one_of(
     st.tuples(st.just("task"), st.sampled_from(("f1", "f2")), st.sampled_from("tuvw"),
-              st.sampled_from(AGENTS)),
+              st.sampled_from(AGENTS), st.sampled_from((1, 3, 5))),
     st.tuples(st.just("agent"), st.sampled_from(AGENTS)),
     st.tuples(st.just("delete"), st.sampled_from(
         [f"tasks/{f}/{t}" for f in ("f1", "f2") for t in "tuvw"]
@@ -45,7 +52,7 @@ change = st.one_of(
 
 def _entry(c: tuple[str, ...]) -> bus_pb2.StateEntry:
     if c[0] == "task":
-        return _task(c[1], c[2], c[3])
+        return _task(c[1], c[2], c[3], int(c[4]))
     if c[0] == "agent":
         return _agent(c[1])
     if c[0] == "framework":
@@ -72,8 +79,11 @@ def test_the_index_kept_as_changes_come_is_the_index_of_the_store(
             index.apply(entries)
         index.validate()
         fresh = Followed.of(store.values())
-        assert (index.tasks, index.task_agent, index.agents) == (
-            fresh.tasks, fresh.task_agent, fresh.agents)
+        assert (index.tasks, index.task_agent, index.agents, index.digests, index.made) == (
+            fresh.tasks, fresh.task_agent, fresh.agents, fresh.digests, fresh.made)
+        assert index.made.keys() == {  # the records of RUNNING tasks, made as they come
+            k for k, aid in index.task_agent.items() if k[1] != "w"
+            and index.tasks[aid][k].value.task.status.state == RUNNING}
 
 
 def test_a_reign_holds_the_same_from_the_index_as_from_the_entries() -> None:

@@ -372,3 +372,71 @@ def test_teardown_shuts_down_on_agents_and_forgets_the_framework() -> None:
     assert agent_events(cmds, "shutdown_framework")
     assert fid not in core.frameworks and not core.tasks
     core.validate()
+
+
+def _reign(old: MasterCore) -> MasterCore:
+    """A new leader holding `old`'s records as a standby followed them (its own copies)."""
+    held = [bus_pb2.StateEntry.FromString(e.SerializeToString()) for e in followed(old)]
+    return MasterCore("m2", 8, recovered_registry=old.registry_document(), followed=held,
+                      now=T0 + 100)
+
+
+def test_a_report_with_its_held_records_digest_takes_them_whole_as_reading_it_would() -> None:
+    """An agent re-registering after a failover with the same tasks, in the same states,
+    as the new leader followed gives their digest: its records are taken back whole without
+    its report read task by task (issue 8 d), and the new leader is left exactly as reading
+    the report would leave it."""
+    old, aid, fid = cluster()
+    running(old, aid, fid, "t1", "t2", "t3")
+    report = [reported(fid, t, TS.TASK_RUNNING) for t in ("t1", "t2", "t3")]
+    results = []
+    for digest in (False, True):
+        new = _reign(old)
+        cmds = reregister(new, b"a1-new", aid, report, frameworks=[old.frameworks[fid].info],
+                          now=T0 + 101, digest=digest)
+        new.validate()
+        assert new.tasks_held_back == 3 and not new.held
+        assert new.reports_taken_whole == digest
+        assert not [k for k in published(cmds) if k.startswith("tasks/")]
+        results.append((cmds, new.snapshot_entries(), {k: t.record() for k, t in new.tasks.items()},
+                        new.agents[aid].used, new.frameworks[fid].used))
+    assert results[0] == results[1]
+
+
+def test_a_report_whose_digest_differs_is_read_task_by_task() -> None:
+    """A task that ended while no master led, one the agent never got, or another run of a
+    task id: the report's digest is not the held records', and the agent's word is taken
+    for each, as without a digest."""
+    old, aid, fid = cluster()
+    running(old, aid, fid, "t1", "t2")
+    cases = {
+        "ended": [reported(fid, "t1", TS.TASK_RUNNING), reported(fid, "t2", TS.TASK_FINISHED)],
+        "missing": [reported(fid, "t1", TS.TASK_RUNNING)],
+        "more": [reported(fid, t, TS.TASK_RUNNING) for t in ("t1", "t2", "t3")],
+        "other run": [reported(fid, "t1", TS.TASK_RUNNING), reported(fid, "t2", TS.TASK_RUNNING)],
+    }
+    cases["other run"][1].executor_id = "t2.another-run"
+    for name, report in cases.items():
+        outcomes = []
+        for digest in (False, True):
+            new = _reign(old)
+            cmds = reregister(new, b"a1-new", aid, report,
+                              frameworks=[old.frameworks[fid].info], now=T0 + 101, digest=digest)
+            new.validate()
+            assert new.reports_taken_whole == 0, name
+            outcomes.append((cmds, new.snapshot_entries()))
+        assert outcomes[0] == outcomes[1], name
+
+
+def test_a_digest_that_matches_is_refused_whole_for_a_removed_framework() -> None:
+    """The digest says the tasks are the same; a framework removed since still has its tasks
+    shut down, not taken back."""
+    old, aid, fid = cluster()
+    running(old, aid, fid, "t1")
+    new = _reign(old)
+    new.removed_frameworks[fid] = None
+    cmds = reregister(new, b"a1-new", aid, [reported(fid, "t1", TS.TASK_RUNNING)],
+                      now=T0 + 101, digest=True)
+    assert new.reports_taken_whole == 0
+    assert agent_events(cmds, "shutdown_framework")
+    assert (fid, "t1") not in new.tasks

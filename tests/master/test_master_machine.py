@@ -25,7 +25,7 @@ from schemas import (
     operator_pb2,
     scheduler_pb2,
 )
-from services import tasks
+from services import report_digest, tasks
 from services.master.commands import (
     Command,
     PersistRegistry,
@@ -211,7 +211,8 @@ class MasterMachine(RuleBasedStateMachine):
             agent_id=m.agent_id, status_updates=agent_pb2.AgentCall.StatusUpdates(
                 updates=[su])), self.now))
 
-    def reregister(self, m: Machine, peer: bytes | None = None) -> list[Command]:
+    def reregister(self, m: Machine, peer: bytes | None = None, digest: bool = False,
+                   ) -> list[Command]:
         m.peer = peer or self._peer("a")
         m.silent = False
         report = [agent_pb2.AgentCall.Reregister.Task(
@@ -222,6 +223,8 @@ class MasterMachine(RuleBasedStateMachine):
             agent_info=agent_info(m.agent_id, "h", "cpus:4;mem:4096"), tasks=report,
             frameworks=[m.frameworks[f] for f in sorted({k[0] for k in m.tasks})
                         if f in m.frameworks]))
+        if digest:  # as agents send it (report_digest.py)
+            call.reregister.tasks_digest = report_digest.of_report(report)
         cmds = self.core.agent_call(m.peer, call, self.now)
         self.run(cmds)
         if any(isinstance(c, Reject) for c in cmds):
@@ -432,9 +435,10 @@ class MasterMachine(RuleBasedStateMachine):
         self.run(self.core.tick(self.now))
         self.report()
 
-    @rule(followed=st.booleans())
-    def master_fails_over(self, followed: bool) -> None:
-        """`followed`: the standby followed the leader's stream (master/follow.py)."""
+    @rule(followed=st.booleans(), digest=st.booleans())
+    def master_fails_over(self, followed: bool, digest: bool) -> None:
+        """`followed`: the standby followed the leader's stream (master/follow.py);
+        `digest`: the agents' reports carry their digest (taken whole when it matches)."""
         doc = self.core.registry_document()
         self.written = copy.deepcopy(doc)  # what the new leader's writer loads
         self.epoch += 1
@@ -449,7 +453,7 @@ class MasterMachine(RuleBasedStateMachine):
             if not m.agent_id or m.gone or m.silent:
                 continue
             before = dict(m.tasks)
-            cmds = self.reregister(m)
+            cmds = self.reregister(m, digest=digest)
             assert not any(isinstance(c, ToAgent) and c.event.WhichOneof("event") in (
                 "kill_task", "shutdown_framework", "shutdown") for c in cmds), cmds
             assert m.peer is not None, f"agent {m.agent_id} refused after failover: {cmds}"
@@ -460,6 +464,8 @@ class MasterMachine(RuleBasedStateMachine):
                     assert rec.state == state and rec.agent_id == m.agent_id
             if followed and self.core.tasks_held_back:
                 event("failover: records held back")
+            if self.core.reports_taken_whole:
+                event("failover: a report taken whole by its digest")
         for i, s in enumerate(self.scheds):
             if s.fid and s.fid in self.core.frameworks:
                 self.scheduler_fails_over(i, True)
