@@ -16,7 +16,7 @@ MASK = (1 << 64) - 1
 
 def item(framework_id: str, task_id: str, state: int, executor_id: str) -> int:
     """One task's part of the digest."""
-    raw = "\0".join((framework_id, task_id, str(state), executor_id)).encode()
+    raw = f"{framework_id}\0{task_id}\0{state}\0{executor_id}".encode()
     return int.from_bytes(blake2b(raw, digest_size=8).digest(), "little")
 
 

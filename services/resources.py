@@ -133,17 +133,26 @@ class Resources:
 
     @classmethod
     def total(cls, bags: Iterable[Resources]) -> Resources:
-        """The sum of several bags (in one pass: no bag per addition)."""
+        """The sum of several bags (in one pass: no bag per addition). A bag given again
+        right after itself (tasks of one shape share their parsed bag) is added once, its
+        scalars times its count: its ranges and sets would merge into themselves."""
         scalars: dict[Key, int] = {}
         ranges: dict[Key, list[Range]] = {}
         sets: dict[Key, frozenset[str]] = {}
-        for bag in bags:
-            for k, v in bag.scalars.items():
-                scalars[k] = scalars.get(k, 0) + v
-            for k, rs in bag.ranges.items():
-                ranges.setdefault(k, []).extend(rs)
-            for k, items in bag.sets.items():
-                sets[k] = sets.get(k, frozenset()) | items
+        last: Resources | None = None
+        times = 0
+        for bag in (*bags, None):
+            if bag is last:
+                times += 1
+                continue
+            if last is not None:
+                for k, v in last.scalars.items():
+                    scalars[k] = scalars.get(k, 0) + v * times
+                for k, rs in last.ranges.items():
+                    ranges.setdefault(k, []).extend(rs)
+                for k, items in last.sets.items():
+                    sets[k] = sets.get(k, frozenset()) | items
+            last, times = bag, 1
         return cls(scalars, {k: _merge(rs) for k, rs in ranges.items()}, sets)
 
     @classmethod

@@ -99,6 +99,19 @@ def test_total_same_and_with_role() -> None:
     assert moved.with_role("web") == b
 
 
+@given(st.lists(st.tuples(bags, st.integers(1, 4)), max_size=4))
+def test_total_is_the_sum_with_a_bag_given_several_times_in_a_row(
+        runs: list[tuple[Resources, int]]) -> None:
+    """`total` adds a run of one bag object once, its scalars times the run's length: the
+    same as adding each (ranges and sets merge into themselves)."""
+    listed = [bag for bag, times in runs for _ in range(times)]
+    one_by_one = Resources()
+    for bag in listed:
+        one_by_one += bag
+    assert Resources.total(listed) == one_by_one
+    assert Resources.total(iter(listed)) == one_by_one
+
+
 @given(st.lists(bags, max_size=4))
 def test_total_disjoint_is_the_total_exactly_when_no_port_is_shared(bs: list[Resources]) -> None:
     ports = [{p for rs in b.ranges.values() for lo, hi in rs for p in range(lo, hi + 1)}

@@ -30,6 +30,7 @@ class Followed:
         self.task_agent: dict[TaskKey, str] = {}
         self.agents: dict[str, bus_pb2.StateEntry] = {}
         self.digests: dict[str, int] = {}
+        self.items: dict[TaskKey, int] = {}  # each record's part of its agent's digest
         self.made: dict[TaskKey, Task] = {}
 
     @classmethod
@@ -44,14 +45,14 @@ class Followed:
     def reset(self, entries: Iterable[bus_pb2.StateEntry]) -> None:
         """The whole store was replaced (a snapshot): index it afresh."""
         self.tasks, self.task_agent, self.agents, self.digests = {}, {}, {}, {}
-        self.made = {}
+        self.items, self.made = {}, {}
         self.apply(entries)
 
     def apply(self, entries: Iterable[bus_pb2.StateEntry]) -> None:
         """These entries changed (in stream order); other kinds of keys are ignored."""
         tasks, task_agent, agents, digests = self.tasks, self.task_agent, self.agents, \
             self.digests
-        made = self.made
+        made, items = self.made, self.items
         for entry in entries:
             kind, _, name = entry.key.partition("/")
             if kind == "tasks":
@@ -60,24 +61,27 @@ class Followed:
                 was = task_agent.pop(key, None)
                 if was is not None:
                     records = tasks[was]
-                    digests[was] = (digests[was] - _item(key, records.pop(key))) & MASK
+                    del records[key]
+                    digests[was] = (digests[was] - items.pop(key)) & MASK
                     if not records:
                         del tasks[was], digests[was]
                 made.pop(key, None)
                 if not entry.deleted:
                     record = entry.value.task
                     aid = record.agent_id
-                    if record.status.state == RUNNING:  # settled: most tasks at a failover
+                    status = record.status
+                    part = items[key] = item(fid, tid, status.state, status.executor_id)
+                    if status.state == RUNNING:  # settled: most tasks at a failover
                         task = made_record(key, aid, record)
                         if task is not None:
                             made[key] = task
                     held = tasks.get(aid)
                     if held is None:
                         tasks[aid] = {key: entry}
-                        digests[aid] = _item(key, entry)
+                        digests[aid] = part
                     else:
                         held[key] = entry
-                        digests[aid] = (digests[aid] + _item(key, entry)) & MASK
+                        digests[aid] = (digests[aid] + part) & MASK
                     task_agent[key] = aid
             elif kind == "agents":
                 if entry.deleted:
@@ -88,7 +92,9 @@ class Followed:
     def validate(self) -> None:
         assert self.task_agent == {k: aid for aid, recs in self.tasks.items() for k in recs}
         assert all(self.tasks.values()), "an agent indexed without tasks"
-        assert self.digests == {aid: sum(_item(k, e) for k, e in recs.items()) & MASK
+        assert self.items == {k: _item(k, e) for recs in self.tasks.values()
+                              for k, e in recs.items()}
+        assert self.digests == {aid: sum(self.items[k] for k in recs) & MASK
                                 for aid, recs in self.tasks.items()}
         assert self.made.keys() <= self.task_agent.keys()
         for key, task in self.made.items():
