@@ -156,6 +156,7 @@ class MasterShell(ServiceKit):
         self._updates_out = UpdateOutbox()  # updates to frameworks, sent once per turn
         self._revocations_before = Revocations()  # the counts of earlier reigns' cores
         self._held_back_before = 0  # tasks_held_back of earlier reigns' cores
+        self._whole_before = 0  # reports_taken_whole of earlier reigns' cores
         self._register_metrics()
         self._register_handlers()
         self.reactor.on_idle(self._flush)
@@ -210,6 +211,7 @@ class MasterShell(ServiceKit):
         """The reign's core goes: what it counted stays in the counters."""
         if self.core is not None:
             self._held_back_before += self.core.tasks_held_back
+            self._whole_before += self.core.reports_taken_whole
             done, before = self.core.revocations, self._revocations_before
             before.requested += done.requested
             before.ignored += done.ignored
@@ -565,6 +567,12 @@ class MasterShell(ServiceKit):
                            "whose record came back as the previous leader had it (followed).",
                            lambda: float(self._held_back_before + (
                                core.tasks_held_back if (core := self.core) is not None else 0)))
+        m.counter_function("reports_taken_whole", "Agent re-registrations after a master "
+                           "failover whose report had the digest of the records followed: "
+                           "taken back whole, the report not read task by task.",
+                           lambda: float(self._whole_before + (
+                               core.reports_taken_whole if (core := self.core) is not None
+                               else 0)))
 
     # -- lifecycle -----------------------------------------------------------------------
     def close(self, linger_ms: int = 0) -> None:

@@ -116,6 +116,8 @@ def test_running_tasks_survive_the_death_of_the_leading_master(
         assert {tid: [r.get(k) for k in kept] for tid, r in task_records(cluster).items()} \
             == {tid: [r.get(k) for k in kept] for tid, r in records.items()}
         assert metric(leader_of(cluster.url), "offerbus_master_tasks_held_back_total") == INSTANCES
+        # The agents' reports had the digest of what the standby followed: taken whole.
+        assert metric(leader_of(cluster.url), "offerbus_master_reports_taken_whole_total") >= 1
         # The allocator and broker held the copy the standby followed: they resynced with
         # only what changed since (an incremental snapshot), not the whole state.
         wait_for(lambda: metric(leader_of(cluster.url), 'offerbus_master_snapshots_served_total'
