@@ -147,8 +147,9 @@ class PublisherCore:
         old, store = base.store, self.store
         fresh = []
         for entry in entries:
-            if old.get(entry.key) is entry:
-                store[entry.key] = entry
+            key = entry.key  # read once: a message's field is not a plain attribute
+            if old.get(key) is entry:
+                store[key] = entry
             else:
                 fresh.append(entry)
         batches, _ = split_by_size(((e, e.SerializeToString()) for e in fresh),
@@ -157,7 +158,7 @@ class PublisherCore:
             self._store(batch)
         since = {e.key for batch in batches for e, _ in batch
                  if (was := old.get(e.key)) is None or was != e}
-        since.update(k for k in old if k not in store)
+        since.update(old.keys() - store.keys())
         self.seq += 1
         self.base, self._since_base = (base.epoch, base.seq), since
         self._before_base = base.recent
