@@ -148,7 +148,8 @@ def main() -> None:
         # registered the agents only).
         # Indexed as the standby indexes them while following (not on the failover's path).
         followed = Followed.of(e for e in master_side(registry, [], calls).snapshot_entries()
-                               if e.key.startswith(("agents/", "tasks/")) and args.followed)
+                               if e.key.startswith(("agents/", "tasks/"))) \
+            if args.followed else Followed()
         gc.collect()
         new = _timed(best, "master", args.profile, partial(master_side, registry, followed, calls))
         running = sum(1 for x in new.tasks.values() if x.state == tasks.RUNNING)

@@ -92,7 +92,7 @@ class Followed:
     def validate(self) -> None:
         assert self.task_agent == {k: aid for aid, recs in self.tasks.items() for k in recs}
         assert all(self.tasks.values()), "an agent indexed without tasks"
-        assert self.items == {k: _item(k, e) for recs in self.tasks.values()
+        assert self.items == {k: record_item(k, e) for recs in self.tasks.values()
                               for k, e in recs.items()}
         assert self.digests == {aid: sum(self.items[k] for k in recs) & MASK
                                 for aid, recs in self.tasks.items()}
@@ -103,8 +103,8 @@ class Followed:
                 key, record.agent_id, record.status, record.launched_at_us / 1e6)
 
 
-def _item(key: TaskKey, entry: bus_pb2.StateEntry) -> int:
-    """A task record's part of its agent's report digest."""
+def record_item(key: TaskKey, entry: bus_pb2.StateEntry) -> int:
+    """A followed task record's part of its agent's report digest."""
     status = entry.value.task.status
     return item(key[0], key[1], status.state, status.executor_id)
 

@@ -30,6 +30,7 @@ from services.master.commands import (
     ToFramework,
     ToOperator,
 )
+from services.master.followed import record_item
 from services.master.records import (
     GONE,
     REGISTERED,
@@ -540,8 +541,7 @@ class MasterState:
         assert self.held_keys == {k: aid for aid, recs in self.held.items() for k in recs}
         assert self.held_made.keys() <= self.held_keys.keys()
         assert self.held_digests == {aid: report_digest.combine(
-            report_digest.item(*k, e.value.task.status.state, e.value.task.status.executor_id)
-            for k, e in recs.items()) for aid, recs in self.held.items()}
+            record_item(k, e) for k, e in recs.items()) for aid, recs in self.held.items()}
         assert all(self.agents[a].peer == p for p, a in self.agent_peers.items())
         for fid, fw in self.frameworks.items():
             assert fw.framework_id == fid
