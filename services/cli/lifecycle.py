@@ -408,8 +408,8 @@ def wait_running(args: argparse.Namespace, console: Console, url: str, want: int
                 when = (f"no progress for {args.stall:g}s" if verdict == "stalled" else
                         f"not done within --timeout {args.wait_timeout:g}s")
                 stuck = _stuck(args, url, name)
-                raise CliError(f"{name}: {when} ({summary(counts)}). {stuck} See `offerbus "
-                               f"why {name}`, `offerbus tasks --all` and {log}")
+                raise CliError(f"{name}: {when} ({summary(counts)}){failure}. {stuck} See "
+                               f"`offerbus why {name}`, `offerbus tasks --all` and {log}")
 
 
 def cmd_scale(args: argparse.Namespace, console: Console) -> int:

@@ -210,6 +210,11 @@ def test_while_instances_fail_the_progress_says_the_last_failure(
     assert code == 1
     assert ("web: 1 pending, 2 ended; last failure web-0-2: TASK_FAILED "
             "(REASON_CONTAINER_LAUNCH_FAILED): no such image: nope") in out
+    # And the error the run ends with says it too: it is what stays on the screen (the
+    # progress line is redrawn) and what a script's log keeps.
+    assert ("web: no progress for 0.2s (1 pending, 2 ended); last failure web-0-2: "
+            "TASK_FAILED (REASON_CONTAINER_LAUNCH_FAILED): no such image: nope.") \
+        in " ".join(out.split())
 
 
 def test_a_run_whose_framework_exits_fails_at_once(cli: Any, monkeypatch: pytest.MonkeyPatch,
