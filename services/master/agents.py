@@ -24,6 +24,7 @@ from services.master.records import (
     parse_resources,
 )
 from services.master.state import copy_status, finite_nonneg
+from services.notice import Notice
 from services.resources import UNRESERVED, Resources
 
 Reported = agent_pb2.AgentCall.Reregister.Task
@@ -223,6 +224,13 @@ class AgentHandlers(AgentLiveness):
         self._agent_back(known, peer)
         self._touch("agent", aid)
         out += self._apply_plan(known, plan, added)
+        if was is not None and not self.recovering and self.started_at is not None:
+            out.append(Notice.of(
+                "agents_recovered", "every agent of the registry is back after the master "
+                "failover", agents=sum(a.status != GONE for a in self.agents.values()),
+                tasks_held_back=self.tasks_held_back,
+                reports_taken_whole=self.reports_taken_whole,
+                seconds=round(self._now - self.started_at, 3)))
         reply = agent_pb2.AgentEvent()
         body = reply.reregistered if rereg else reply.registered
         body.agent_id, body.master_id = aid, self.master_id
