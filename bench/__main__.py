@@ -22,7 +22,8 @@ from bench import (
 )
 
 BENCHES: dict[str, Callable[[], None]] = {
-    "bus": bus.main, "launch": launch.main, "tracing": tracing.main, "failover": failover.main,
+    "bus": bus.main, "launch": lambda: launch.main([]), "tracing": tracing.main,
+    "failover": failover.main,
     "memory": memory.main, "state": state.main, "scale": lambda: scale.main([]),
     "allocation": allocation.main, "fairness": fairness.main, "plot": plot.main}
 

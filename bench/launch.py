@@ -10,10 +10,13 @@ agent-side memory per Offerbus task: the PSS (/proc/PID/smaps_rollup) of the pro
 the executors, divided by N, while the N tasks run.
 
 OFFERBUS_EXECUTOR_HOSTS=0 in the environment runs the agents with a process per executor (the
-old way), for a before/after comparison."""
+old way), for a before/after comparison.
+
+`python -m bench.launch [--sizes 20,50,100] [--runs 3]` (`make bench` runs it with the defaults)"""
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import shutil
@@ -146,13 +149,31 @@ def offerbus_job_run(client: docker.DockerClient, run_dir: Path, n: int, run: in
     return elapsed, pss, procs
 
 
-def main() -> None:
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of sizes: {text!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"sizes must be at least 1: {text!r}")
+    return sizes
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench.launch",
+                                 description=(__doc__ or "").split("\n\n")[0])
+    ap.add_argument("--sizes", type=_sizes, default=SIZES, help="N, comma-separated (default "
+                    f"{','.join(map(str, SIZES))})")
+    ap.add_argument("--runs", type=int, default=RUNS, choices=range(1, 100), metavar="R",
+                    help=f"rotated runs of each size (default {RUNS})")
+    args = ap.parse_args(argv)
+    sizes, runs = args.sizes, args.runs
     hosts = os.environ.get(HOSTS_ENV, "1") != "0"
     print("bench launch: submit -> N RUNNING containers (Offerbus CLI, Docker Swarm, docker "
           f"SDK); executors: {'hosts' if hosts else 'a process each'}")
     client = docker.from_env(timeout=120)
     image_id = client.images.get(IMAGE).id
-    results: dict[str, Any] = {"sizes": list(SIZES), "runs": RUNS, "image": IMAGE,
+    results: dict[str, Any] = {"sizes": list(sizes), "runs": runs, "image": IMAGE,
                                "executor_hosts": hosts}
     joined_swarm = client.info().get("Swarm", {}).get("LocalNodeState") != "active"
     if joined_swarm:
@@ -164,11 +185,11 @@ def main() -> None:
             run_dir=run_dir, agents=3, agent_resources="cpus:8;mem:8192;disk:10240;"
             "ports:[31000-31999]", standalone=False, timeout=90))
         k = 0
-        for n in SIZES:
+        for n in sizes:
             times: dict[str, list[float]] = {s: [] for s in SYSTEMS}
             pss: list[float] = []
             load: list[float] = []  # 1-minute load average after each run: how quiet it was
-            for r in range(RUNS):
+            for r in range(runs):
                 turn = k % len(SYSTEMS)
                 for system in SYSTEMS[turn:] + SYSTEMS[:turn]:  # none always runs first
                     if system == "floor":
@@ -183,7 +204,7 @@ def main() -> None:
                             pss.append(mib / n)
                 k += 1
                 load.append(os.getloadavg()[0])
-                progress(f"N={n} run {r + 1}/{RUNS}: floor {times['floor'][-1]:.2f}s, swarm "
+                progress(f"N={n} run {r + 1}/{runs}: floor {times['floor'][-1]:.2f}s, swarm "
                          f"{times['swarm'][-1]:.2f}s, offerbus run {times['offerbus'][-1]:.2f}s,"
                          f" job run {times['offerbus-job'][-1]:.2f}s, {pss[-1]:.2f} MiB/task "
                          f"over {procs} processes, load {load[-1]:.1f}")
@@ -195,7 +216,7 @@ def main() -> None:
         shutil.rmtree(run_dir, ignore_errors=True)
         if joined_swarm:
             subprocess.run(["docker", "swarm", "leave", "--force"], capture_output=True)
-    _table(results)
+    _table(results, sizes, runs)
     print(f"results: {write('launch' if hosts else 'launch-process-executors', results)}")
 
 
@@ -203,11 +224,11 @@ def _summary(xs: list[float]) -> dict[str, float]:
     return {"min": min(xs), "median": statistics.median(xs), "max": max(xs)}
 
 
-def _table(results: dict[str, Any]) -> None:
+def _table(results: dict[str, Any], sizes: tuple[int, ...], runs: int) -> None:
     print(f"\n{'N':>4} {'docker SDK (floor)':>22} {'Swarm (by ID)':>22} {'offerbus run':>22}"
           f" {'offerbus job run':>22} {'run/floor':>9} {'run/Swarm':>9} {'job/floor':>9}"
           f" {'job/Swarm':>9} {'PSS/task':>9}")
-    for n in SIZES:
+    for n in sizes:
         row = results[f"n{n}"]  # name -> {"runs", "min", "median", "max"}
         cells = [f"{row[k]['median']:.2f}s ({row[k]['min']:.2f}-{row[k]['max']:.2f})"
                  for k in SYSTEMS]
@@ -220,8 +241,8 @@ def _table(results: dict[str, Any]) -> None:
         print(f"{n:>4} {cells[0]:>22} {cells[1]:>22} {cells[2]:>22} {cells[3]:>22}"
               f" {run / floor:>8.2f}x {run / swarm:>8.2f}x {job / floor:>8.2f}x"
               f" {job / swarm:>8.2f}x {pss:>5.2f} MiB")
-    print("(median of 3, min-max in brackets; PSS/task: the executors' processes, agent side, "
-          "of `offerbus run`)")
+    print(f"(median of {runs}, min-max in brackets; PSS/task: the executors' processes, agent "
+          "side, of `offerbus run`)")
 
 
 if __name__ == "__main__":

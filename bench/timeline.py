@@ -11,7 +11,8 @@ init (the orphans it reaps, as an earlier round's executor hosts, would count th
 lives at their end). Prints the median of each step and writes
 bench/results/timeline.json.
 
-`python -m bench.timeline [--instances 20] [--rounds 3] [--run-dir .run/cluster]`"""
+`python -m bench.timeline [--instances 20] [--rounds 3] [--run-dir .run/cluster] [--job]`
+(--job: `offerbus job run FILE`, the job runner's path, instead of `offerbus run`)"""
 
 from __future__ import annotations
 
@@ -118,14 +119,33 @@ def cpu_by_group(before: dict[int, tuple[str, float]]) -> dict[str, float]:
     return used
 
 
-def one_round(client: docker.DockerClient, run_dir: Path, n: int, name: str
-              ) -> dict[str, float]:
-    """Each step's seconds after the CLI started, for one `offerbus run` of `n`, and the CPU
-    seconds each group of processes used meanwhile ("cpu: GROUP")."""
+def _subscribed(run_dir: Path, name: str, job: bool) -> float:
+    """When the service's framework subscribed: its own log's line, or for a job the job
+    runner's first such line after the one that started the job's driver."""
+    log = run_dir / "logs" / ("jobs.log" if job else f"framework-{name}.log")
+    lines = iter(log.read_text().splitlines())
+    if job:
+        next((line for line in lines if f"driver started framework={name} " in line), "")
+    return next((t for line in lines if " subscribed " in line
+                 and (t := _log_time(line)) is not None), float("nan"))
+
+
+def one_round(client: docker.DockerClient, run_dir: Path, n: int, name: str,
+              job: bool = False) -> dict[str, float]:
+    """Each step's seconds after the CLI started, for one `offerbus run` of `n` (with `job`:
+    `offerbus job run FILE`), and the CPU seconds each group of processes used meanwhile
+    ("cpu: GROUP")."""
+    if job:
+        path = run_dir / f"{name}.toml"
+        path.write_text(f'name = "{name}"\nimage = "{IMAGE}"\ncommand = ["sleep", "3600"]\n'
+                        f'instances = {n}\n[resources]\ncpus = 0.1\nmem = 32\n')
+        submit = ["job", "run", str(path)]
+    else:
+        submit = ["run", "--name", name, "--image", IMAGE, "--instances", str(n),
+                  "--cpus", "0.1", "--mem", "32", "--", "sleep", "3600"]
     before = cpu_by_process()
     started = time.time()
-    _cli(run_dir, "run", "--name", name, "--image", IMAGE, "--instances", str(n),
-         "--cpus", "0.1", "--mem", "32", "--", "sleep", "3600")
+    _cli(run_dir, *submit)
     returned = time.time()
     used = cpu_by_group(before)
     try:
@@ -133,12 +153,11 @@ def one_round(client: docker.DockerClient, run_dir: Path, n: int, name: str
                 if c.labels.get("org.offerbus.task_id", "").startswith(f"{name}-")]
         created = sorted(_engine_time(c.attrs["Created"]) for c in ours)
         running = sorted(_engine_time(c.attrs["State"]["StartedAt"]) for c in ours)
-        log = run_dir / "logs" / f"framework-{name}.log"
-        subscribed = next((t for line in log.read_text().splitlines()
-                           if " subscribed " in line and (t := _log_time(line)) is not None),
-                          float("nan"))
+        subscribed = _subscribed(run_dir, name, job)
     finally:
-        _cli(run_dir, "stop", name)
+        _cli(run_dir, *(["job", "stop"] if job else ["stop"]), name)
+        if job:
+            path.unlink(missing_ok=True)
     if len(created) != n:
         raise RuntimeError(f"{name}: {len(created)} containers found, {n} expected")
     at = {"framework subscribed": subscribed, "first container created": created[0],
@@ -154,14 +173,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--instances", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--run-dir", type=Path, default=Path(".run/cluster"))
+    ap.add_argument("--job", action="store_true",
+                    help="time `offerbus job run FILE` (the cluster's job runner) instead")
     args = ap.parse_args(argv)
     client = docker.from_env()
     rounds: list[dict[str, float]] = []
-    print(f"bench timeline: `offerbus run` of {args.instances} instances, {args.rounds} rounds, "
+    how = "offerbus job run" if args.job else "offerbus run"
+    print(f"bench timeline: `{how}` of {args.instances} instances, {args.rounds} rounds, "
           f"against the cluster of {args.run_dir}")
     for r in range(args.rounds):
         name = f"tl{args.instances}r{r}x{int(time.time()) % 100000}"
-        rounds.append(one_round(client, args.run_dir, args.instances, name))
+        rounds.append(one_round(client, args.run_dir, args.instances, name, args.job))
         progress(f"round {r + 1}/{args.rounds}: " + ", ".join(
             f"{step} +{rounds[-1][step]:.3f}s" for step in STEPS) + "; CPU-s " + ", ".join(
             f"{g} {rounds[-1][f'cpu: {g}']:.2f}" for g in GROUPS))
@@ -179,9 +201,9 @@ def main(argv: list[str] | None = None) -> None:
         label = key.removeprefix("cpu: ").replace(f"{OFFERBUS}: ", "  ")
         print(f"{label:28s} {statistics.median(values):7.2f}    "
               f"{min(values):.2f}-{max(values):.2f}")
-    result: dict[str, Any] = {"instances": args.instances, "rounds": rounds,
+    result: dict[str, Any] = {"instances": args.instances, "submit": how, "rounds": rounds,
                               "median": medians}
-    print(f"results: {write('timeline', result)}")
+    print(f"results: {write('timeline-job' if args.job else 'timeline', result)}")
 
 
 if __name__ == "__main__":

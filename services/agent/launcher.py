@@ -27,11 +27,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
 from services.bus.log import get_logger
+from services.forking import child_exit, double_fork, redirect_and_close
 
 log = get_logger("agent.launcher")
 
@@ -222,63 +223,17 @@ class ExecutorLauncher:
 # -- the fork server (runs in the helper process) ----------------------------------------------
 
 
-def _open_fds() -> list[int]:
-    """This process's open descriptors (a few, not the 65k a blind closerange would try:
-    that alone cost tens of ms of CPU per executor)."""
-    try:
-        return sorted(int(name) for name in os.listdir("/proc/self/fd"))
-    except OSError:
-        return list(range(3, 1024))
-
-
-def _redirect_and_close(keep: int, stdout: Path, stderr: Path) -> None:
-    """In a forked child: fds 0-2 to /dev/null and the given files; every other inherited
-    descriptor closed (the server's pipes, other hosts' control sockets) except `keep`."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
-    null = os.open(os.devnull, os.O_RDONLY)
-    out = os.open(stdout, flags, 0o644)
-    err = os.open(stderr, flags, 0o644)
-    for src, dst in ((null, 0), (out, 1), (err, 2)):
-        os.dup2(src, dst)
-        os.close(src)
-    for fd in _open_fds():
-        if fd > 2 and fd != keep:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-
-
-def _child_exit(run: Callable[[], int]) -> NoReturn:
-    """Run a forked child's main and leave with os._exit (never return into the server)."""
-    code = 1
-    try:
-        import signal
-
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        code = run()
-    except SystemExit as exc:  # argparse errors
-        code = exc.code if isinstance(exc.code, int) else 1
-    except BaseException:
-        import traceback
-
-        traceback.print_exc()
-    finally:
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(code)
-
-
 def _run_executor(argv: list[str], sandbox: Path) -> NoReturn:
     """In the grandchild: one lone executor (`python -m services.executor argv`)."""
     def run() -> int:
         sandbox.mkdir(parents=True, exist_ok=True)
-        _redirect_and_close(-1, sandbox / "executor.stdout", sandbox / "executor.stderr")
+        redirect_and_close(-1, sandbox / "executor.stdout", sandbox / "executor.stderr")
         os.chdir(sandbox)
         from services.executor.shell import main
 
         return main(argv)
 
-    _child_exit(run)
+    child_exit(run)
 
 
 def _run_host(control: int, framework_id: str, agent_id: str, hosts_dir: Path) -> NoReturn:
@@ -286,49 +241,22 @@ def _run_host(control: int, framework_id: str, agent_id: str, hosts_dir: Path) -
     def run() -> int:
         hosts_dir.mkdir(parents=True, exist_ok=True)
         base = hosts_dir / _safe(framework_id)
-        _redirect_and_close(control, base.with_suffix(".stdout"), base.with_suffix(".stderr"))
+        redirect_and_close(control, base.with_suffix(".stdout"), base.with_suffix(".stderr"))
         os.chdir(hosts_dir)
         from services.executor import host
 
         return host.serve(control, framework_id, agent_id, base.with_suffix(".log"))
 
-    _child_exit(run)
+    child_exit(run)
 
 
 def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "framework"
 
 
-def _double_fork(child: Callable[[], NoReturn]) -> int:
-    """Double fork: the middle child starts a new session, forks `child` and exits at once,
-    so the grandchild is re-parented to init (it survives us and the agent)."""
-    r, w = os.pipe()
-    middle = os.fork()
-    if middle == 0:
-        try:
-            os.close(r)
-            os.setsid()
-            pid = os.fork()
-            if pid == 0:
-                os.close(w)
-                child()
-            os.write(w, str(pid).encode())
-        finally:
-            os._exit(0)
-    os.close(w)
-    data = b""
-    while chunk := os.read(r, 64):
-        data += chunk
-    os.close(r)
-    os.waitpid(middle, 0)
-    if not data:
-        raise OSError("the intermediate child died before forking")
-    return int(data)
-
-
 def _spawn(argv: list[str], sandbox: Path) -> int:
     """A lone executor process (the old way; kept for `--no-host` and tests)."""
-    return _double_fork(lambda: _run_executor(argv, sandbox))
+    return double_fork(lambda: _run_executor(argv, sandbox))
 
 
 def _arg(argv: Sequence[str], name: str) -> str:
@@ -428,7 +356,7 @@ class ForkServer:
         hosts_dir = self.hosts_dir
         fd = theirs.fileno()
         try:
-            pid = _double_fork(lambda: _run_host(fd, framework_id, agent_id, hosts_dir))
+            pid = double_fork(lambda: _run_host(fd, framework_id, agent_id, hosts_dir))
         finally:
             theirs.close()
         host = self.hosts[framework_id] = _Host(pid, ours)
