@@ -26,7 +26,9 @@ from frameworks.sdk.scheduler import MasterInfo, Scheduler
 from frameworks.spec import (
     SPEC_LABEL,
     ServiceSpec,
+    hold_service,
     instance_of,
+    lock_path,
     parse_constraint,
     spec_digest,
     status_path,
@@ -519,6 +521,11 @@ def main(argv: list[str] | None = None) -> int:
     log.configure("framework")
     spec = ServiceSpec(**json.loads(args.spec.read_text()))
     spec.check()
+    held = hold_service(args.spec)  # kept open, held, until this process ends
+    if held is None:
+        logger.error("another process runs this service: exiting", name=spec.name,
+                     lock=str(lock_path(args.spec)))
+        return 1
     status_file = status_path(args.spec)
     scheduler = ServiceScheduler(spec, status_file)
     info = framework_info(spec, args.failover_timeout)

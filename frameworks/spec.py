@@ -4,6 +4,7 @@ watches; and the instance states of a service read from the master's /state."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -12,7 +13,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from services.resources import Resources
 
@@ -132,6 +133,28 @@ def status_path(spec: Path) -> Path:
     """The status file the service framework of spec file `spec` keeps (its framework id,
     instances, the last failure)."""
     return spec.with_suffix(STATUS_SUFFIX)
+
+
+LOCK_SUFFIX = ".lock"  # held by the service's framework process while it runs
+
+
+def lock_path(spec: Path) -> Path:
+    return spec.with_suffix(LOCK_SUFFIX)
+
+
+def hold_service(spec: Path) -> IO[bytes] | None:
+    """Take the lock of spec file `spec`'s service (an flock on its lock file) for as long as
+    the returned file stays open, or None when another process holds it: one framework
+    process per service (two `offerbus run`s of one name at once, a fork server's answer that
+    came after the CLI started the interpreter itself). The kernel lets go when the process
+    ends, however it ends."""
+    f = open(lock_path(spec), "ab")  # noqa: SIM115 (held open by the caller)
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        return None
+    return f
 
 
 def write_spec(run_dir: Path, spec: ServiceSpec) -> Path:

@@ -22,6 +22,7 @@ from typing import Any
 
 from rich.console import Console
 
+from frameworks import forkserver
 from services.cli.client import CliError, ElectionView, find_leader, http_get, state_path
 from services.procs import pid_alive, service_module
 
@@ -178,8 +179,10 @@ def traces_dir(run_dir: Path) -> Path:
 
 def spawn(run_dir: Path, name: str, argv: list[str], env: dict[str, str] | None = None) -> int:
     """Start `python -m ...` detached, logging to run_dir/logs/NAME.log; `env` is added to
-    this process's environment. Spans go to the run dir's traces/ (OFFERBUS_TRACES_DIR:
-    one file per process; an inherited OFFERBUS_TRACES_FILE would make them share one)."""
+    this process's environment. A service framework is forked by the run dir's fork server
+    when it runs (frameworks/forkserver.py), else started as a new interpreter. Spans go
+    to the run dir's traces/ (OFFERBUS_TRACES_DIR: one file per process; an inherited
+    OFFERBUS_TRACES_FILE would make them share one)."""
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     traces_dir(run_dir).mkdir(parents=True, exist_ok=True)
     child_env = {k: v for k, v in os.environ.items() if k != "OFFERBUS_TRACES_FILE"}
@@ -188,20 +191,34 @@ def spawn(run_dir: Path, name: str, argv: list[str], env: dict[str, str] | None 
     global _spawning
     _spawning += 1
     try:
-        log = open(run_dir / "logs" / f"{name}.log", "ab")  # noqa: SIM115 (kept by the child)
-        proc = subprocess.Popen([sys.executable, *argv], stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True,
-                                cwd=Path.cwd(), env=child_env)
-        log.close()
-        (_pids_dir(run_dir) / f"{name}.pid").write_text(str(proc.pid))
+        pid = _forked(run_dir, name, argv, child_env)
+        if pid is None:
+            log = open(run_dir / "logs" / f"{name}.log", "ab")  # noqa: SIM115 (the child's)
+            proc = subprocess.Popen([sys.executable, *argv], stdout=log,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True, cwd=Path.cwd(), env=child_env)
+            log.close()
+            pid = proc.pid
+            _children[(run_dir.resolve(), name)] = proc
+        (_pids_dir(run_dir) / f"{name}.pid").write_text(str(pid))
         (_pids_dir(run_dir) / f"{name}.argv").write_text(json.dumps({"argv": argv,
                                                                       "env": env or {}}))
-        _children[(run_dir.resolve(), name)] = proc
     finally:
         _spawning -= 1
     if not _spawning and _signalled:
         sys.exit(128 + _signalled.pop())
-    return proc.pid
+    return pid
+
+
+def _forked(run_dir: Path, name: str, argv: list[str], env: dict[str, str]) -> int | None:
+    """The pid of `python ARGV` forked by the run dir's framework fork server (a service
+    framework, in milliseconds), or None: that is not for it, or it is not there."""
+    if not forkserver.serves(argv):
+        return None
+    try:
+        return forkserver.fork(run_dir, name, argv, env, Path.cwd())
+    except forkserver.Unavailable:
+        return None  # the interpreter is started instead, as before the fork server
 
 
 def respawn(run_dir: Path, name: str) -> int:
@@ -274,9 +291,21 @@ def up(opts: UpOptions) -> str:
                 "--hostname", name, "--resources", agent_resources(opts.agent_resources, i - 1),
                 "--attributes", f"rack:{RACKS[(i - 1) % len(RACKS)]}",
                 "--runtime", opts.runtime, *beat], env=traces)
+        # `offerbus run` forks its service's framework from it (each framework its own
+        # process, in ms rather than a new interpreter's imports). A socket left by a
+        # killed one (a machine restart) goes first: `up` then waits for the new one's.
+        forkserver.socket_path(run_dir).unlink(missing_ok=True)
+        spawn(run_dir, forkserver.PROCESS, ["-m", "frameworks.forkserver", "--run-dir",
+                                            str(run_dir)], env=traces)
         state = wait_ready(url, run_dir, opts.agents, opts.timeout, status,
                            expected=opts.elected())
         record_cluster_id(run_dir, state)
+        status.update("waiting for the framework fork server")
+        forking = wait_socket(forkserver.socket_path(run_dir), FORKSERVER_READY_S)
+    if not forking:
+        console.print(f"[yellow]the framework fork server is not ready[/] (see "
+                      f"{run_dir / 'logs' / 'forkserver.log'}): `offerbus run` starts each "
+                      f"framework as a new interpreter meanwhile")
     console.print(f"[green]cluster up[/] in {run_dir}: {central_summary(state)} and "
                   f"{opts.agents} agents; election and registry at {url}")
     console.print(f"  logs: {run_dir / 'logs'}/   state: `offerbus status`, `offerbus agents`")
@@ -286,6 +315,19 @@ def up(opts: UpOptions) -> str:
                       f"OFFERBUS_CURVE_SECRET_KEY_FILE={keys / 'operator.key_secret'} "
                       f"OFFERBUS_CURVE_SERVER_KEY_FILE={keys / 'server.key'}", soft_wrap=True)
     return url
+
+
+FORKSERVER_READY_S = 20.0  # `up` waits this long for it after the cluster is ready
+
+
+def wait_socket(path: Path, timeout: float) -> bool:
+    """Whether a unix socket is at `path` within `timeout` (the fork server is listening)."""
+    deadline = time.monotonic() + timeout
+    while not path.is_socket():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)  # polling a condition with a deadline
+    return True
 
 
 def cluster_id_path(run_dir: Path) -> Path:
@@ -466,6 +508,7 @@ def down(run_dir: Path, timeout: float = 15.0) -> None:
     for part in STATE_PARTS:
         shutil.rmtree(run_dir / part, ignore_errors=True)
     (run_dir / "cluster.url").unlink(missing_ok=True)
+    forkserver.socket_path(run_dir).unlink(missing_ok=True)  # left by a killed server
     cluster_id_path(run_dir).unlink(missing_ok=True)
     console.print(f"[green]cluster down[/]: {len(procs)} processes stopped, "
                   f"{removed} containers removed; state cleared (logs kept in "

@@ -532,7 +532,7 @@ def cmd_stop(args: argparse.Namespace, console: Console) -> int:
                     f"container(s) left")
 
         wait_until(left, timeout, shown)
-    for path in (spec, specs.status_path(spec)):
+    for path in (spec, specs.status_path(spec), specs.lock_path(spec)):
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
     gone = ("its containers were not checked (no Docker engine reachable from here)"

@@ -90,6 +90,9 @@ def test_run_again_after_a_machine_restart_resumes_the_service(
         again = cli(c, *run)
         assert again.returncode == 0, again.stdout + again.stderr
         assert "resum" in again.stdout, again.stdout
+        # forked by the new fork server (`up` removed the killed one's socket, then waited)
+        forked = (c.run_dir / "logs" / "forkserver.log").read_text()
+        assert forked.count(f"forked name=framework-{NAME} ") == 2, forked
         wait_for(lambda: running(c) == 2 and len(docker_client.containers.list(
             filters={"label": f"{LABEL_CLUSTER}={cluster_id}"})) == 2, 60,
             message=lambda: cli(c, "tasks").stdout)

@@ -90,6 +90,10 @@ def test_run_twice_is_refused_and_stop_removes_the_service(cluster_a: Cluster,
            "sleep", "3600")
     ok(cluster_a, *run)
     assert running_count(docker_client, WEB) == 2
+    # its framework process was forked by the cluster's fork server (`up` waited for it)
+    forked = (cluster_a.run_dir / "logs" / "forkserver.log").read_text()
+    pid = local_cluster.running(cluster_a.run_dir)[f"framework-{WEB}"]
+    assert f"forked name=framework-{WEB} pid={pid} " in forked
 
     again = cli(cluster_a, *run)
     assert again.returncode == 2, again.stdout + again.stderr
