@@ -360,10 +360,11 @@ def known_cluster_id(run_dir: Path) -> str:
 
 
 def stop_process(run_dir: Path, name: str, timeout: float = 10.0) -> bool:
-    """Stop one process of this run dir (SIGTERM to its group, SIGKILL after `timeout`) and
-    forget its pid file. True if it was running."""
+    """Stop one process of this run dir for good (SIGTERM to its group, SIGKILL after
+    `timeout`) and forget its pid and argv files. True if it was running."""
     pid = running(run_dir).get(name)
     pid_file = _pids_dir(run_dir) / f"{name}.pid"
+    (_pids_dir(run_dir) / f"{name}.argv").unlink(missing_ok=True)  # no respawn after this
     if pid is None:
         pid_file.unlink(missing_ok=True)
         return False

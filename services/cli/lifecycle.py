@@ -532,6 +532,8 @@ def cmd_stop(args: argparse.Namespace, console: Console) -> int:
                     f"container(s) left")
 
         wait_until(left, timeout, shown)
+    if pid is None:  # no process was running: its pid and argv files go all the same
+        cluster.stop_process(run_dir, proc)
     for path in (spec, specs.status_path(spec), specs.lock_path(spec)):
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
