@@ -42,7 +42,7 @@ PROCESS = "forkserver"  # its name among the run dir's processes (pids/, logs/)
 SOCKET = "forkserver.sock"  # in the run dir
 MODULE = "frameworks.service"  # the one module it runs
 MAX_REQUEST_BYTES = 1 << 20
-READ_TIMEOUT_S = 2.0  # a client that sends no whole request in this long is dropped
+READ_TIMEOUT_S = 2.0  # a client that sends no whole request in this long, in all, is dropped
 ANSWER_WITHIN_S = 5.0  # the deadline a request sets: the server forks nothing after it
 GRACE_S = 2.0  # the client waits this much past the deadline before giving up on an answer
 SUN_PATH_MAX = 107  # bytes of a unix socket's path (sockaddr_un.sun_path, its NUL aside)
@@ -130,14 +130,14 @@ def fork(run_dir: Path, name: str, argv: Sequence[str], env: Mapping[str, str],
     request = {"name": name, "argv": list(argv), "env": dict(env), "cwd": str(cwd),
                "deadline": deadline, "python": sys.executable, "root": _ROOT}
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(answer_within + GRACE_S)
+        sock.settimeout(GRACE_S)
         try:
             sock.connect(str(path))
         except OSError as exc:  # none there, a stale socket, another user's
             raise Unavailable(f"no fork server at {path}: {exc}") from None
         try:
             sock.sendall(json.dumps(request).encode() + b"\n")
-            answer = _read_line(sock, MAX_REQUEST_BYTES)
+            answer = _read_line(sock, MAX_REQUEST_BYTES, answer_within + GRACE_S)
         except OSError as exc:  # incl. the timeout, past the deadline and its grace
             raise Unavailable(f"the fork server did not answer: {exc}") from None
     try:
@@ -149,13 +149,19 @@ def fork(run_dir: Path, name: str, argv: Sequence[str], env: Mapping[str, str],
         raise Unavailable(f"a garbled answer from the fork server: {answer[:80]!r}") from None
 
 
-def _read_line(sock: socket.socket, limit: int) -> bytes:
-    """One line (without its newline) from `sock`, within its timeout; OSError when it
-    closes first or the line passes `limit` bytes."""
+def _read_line(sock: socket.socket, limit: int, within: float) -> bytes:
+    """One line (without its newline) from `sock` within `within` seconds in all (a peer
+    sending a byte at a time gets no longer); OSError when it closes first, the line passes
+    `limit` bytes or the time is up."""
+    deadline = time.monotonic() + within
     buf = b""
     while b"\n" not in buf:
         if len(buf) > limit:
             raise OSError(f"a line of more than {limit} bytes")
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("timed out")
+        sock.settimeout(left)
         chunk = sock.recv(65536)
         if not chunk:
             raise OSError("closed before a whole line")
@@ -194,9 +200,8 @@ class Server:
     def serve_one(self) -> None:
         conn, _ = self.listener.accept()
         with conn:
-            conn.settimeout(READ_TIMEOUT_S)
             try:
-                line = _read_line(conn, MAX_REQUEST_BYTES)
+                line = _read_line(conn, MAX_REQUEST_BYTES, READ_TIMEOUT_S)
                 req = parse_request(line, time.time())
                 started = time.perf_counter()
                 pid = double_fork(lambda: _run_framework(self.run_dir, req))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -197,3 +198,27 @@ def test_a_second_framework_process_of_one_service_exits_and_leaves_the_first(
     third = cluster.spawn(run_dir, "framework-one", argv)
     wait_for(lambda: log_of(run_dir, "one").count("driver started framework=one") == 2, 30)
     assert pid_alive(third)
+
+
+def test_a_client_sending_a_byte_at_a_time_is_dropped_after_the_read_timeout_in_all(
+        run_dir: Path) -> None:
+    server = start_server(run_dir)
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as drip:
+            drip.connect(str(fs.socket_path(run_dir)))
+            t = time.monotonic()
+            answer = b""
+            for _ in range(60):  # the input under test: a byte, then up to 0.2 s for an answer
+                try:
+                    drip.send(b"x")
+                except OSError:
+                    break
+                if select.select([drip], [], [], 0.2)[0]:
+                    answer = drip.recv(4096)
+                    break
+            dropped_after = time.monotonic() - t
+        assert b"timed out" in answer
+        assert dropped_after < fs.READ_TIMEOUT_S + 1.5
+        assert server.poll() is None
+    finally:
+        stop_server(server)
