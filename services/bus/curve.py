@@ -1,5 +1,7 @@
 """Optional CURVE encryption and authentication for every bus socket: servers accept only
-clients whose public key is allowed; a ZAP handler per context counts refusals."""
+clients whose public key is allowed; a ZAP handler per context counts refusals. ZeroMQ is
+imported where a key is made or read, not with this module: the CLI reads its settings
+(profiles) through it, and most of its commands never touch the bus."""
 
 from __future__ import annotations
 
@@ -8,12 +10,12 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-
-import zmq
-import zmq.auth
-from zmq.utils import z85 as zmq_z85
+from typing import TYPE_CHECKING
 
 from services.bus.log import get_logger
+
+if TYPE_CHECKING:
+    import zmq
 
 log = get_logger("bus.curve")
 
@@ -25,6 +27,8 @@ class KeyPair:
 
     @classmethod
     def generate(cls) -> KeyPair:
+        import zmq
+
         public, secret = zmq.curve_keypair()
         return cls(public, secret)
 
@@ -41,6 +45,8 @@ class KeyPair:
 
     @classmethod
     def load(cls, path: Path) -> KeyPair:
+        import zmq.auth
+
         public, secret = zmq.auth.load_certificate(str(path))
         if secret is None:
             raise ValueError(f"{path} holds no secret key")
@@ -49,6 +55,8 @@ class KeyPair:
 
 def load_public_key(path: Path) -> bytes:
     """The public key of a cert (`NAME.key` or `NAME.key_secret`); ValueError if unreadable."""
+    import zmq.auth
+
     try:
         public, _ = zmq.auth.load_certificate(str(path))
     except (OSError, ValueError) as exc:
@@ -111,6 +119,8 @@ class CurveAuthority:
         self._auth.configure_curve_callback("*", credentials_provider=self._allow)
 
     def _user_id(self, client_public_key: bytes) -> str:
+        from zmq.utils import z85 as zmq_z85
+
         z85 = zmq_z85.encode(client_public_key)
         return self._names.get(z85) or z85.decode("ascii")
 

@@ -24,7 +24,7 @@ from rich.markup import escape
 
 from schemas import operator_pb2
 from services import tasks as task_states
-from services.cli import cluster, why
+from services.cli import cluster
 from services.cli.client import (
     CliError,
     cluster_url,
@@ -319,6 +319,8 @@ def last_failure(run_dir: Path, name: str) -> str:
 
 def _stuck(args: argparse.Namespace, url: str, name: str) -> str:
     """What `why` says about the service (best effort), from the master's whole /state."""
+    from services.cli import why  # only a stalled run says it (its imports: ~30 ms)
+
     try:
         _, state = master_state(url, args.timeout)
         fid = why.resolve_framework(name, state)
