@@ -30,6 +30,7 @@ from typing import Any
 import docker
 
 from bench.report import progress, write
+from frameworks import forkserver
 
 IMAGE = "offerbus/busybox:latest"
 STEPS = ("framework subscribed", "first container created", "last container created",
@@ -63,6 +64,7 @@ def _cli(run_dir: Path, *args: str) -> None:
 
 ENGINE = ("dockerd", "containerd", "containerd-shim", "runc", "docker-init", "docker-proxy")
 OFFERBUS = "Offerbus services"
+FORKED_FRAMEWORK = forkserver.COMM.decode()
 GROUPS = (OFFERBUS, "the CLI", "ZooKeeper", "container engine", "kernel threads",
           "other")
 
@@ -74,6 +76,8 @@ def _group(pid: int, comm: str, cmdline: str) -> str:
         return "kernel threads"
     if comm.startswith(ENGINE) or os.path.basename(cmdline.split(" ")[0]).startswith(ENGINE):
         return "container engine"
+    if comm == FORKED_FRAMEWORK:  # its command line is its fork server's
+        return f"{OFFERBUS}: frameworks.service (forked)"
     module = re.search(r" -m ((?:services|frameworks)\.[\w.]+)", cmdline)
     if module is not None:  # by module: an executor host is its agent's launcher, forked
         return f"{OFFERBUS}: {module.group(1).replace('.__main__', '')}"

@@ -41,6 +41,8 @@ log = get_logger("forkserver")
 PROCESS = "forkserver"  # its name among the run dir's processes (pids/, logs/)
 SOCKET = "forkserver.sock"  # in the run dir
 MODULE = "frameworks.service"  # the one module it runs
+COMM = b"offerbus-fw"  # a forked framework's process name (its command line is the server's)
+PR_SET_NAME = 15  # prctl(2)
 MAX_REQUEST_BYTES = 1 << 20
 READ_TIMEOUT_S = 2.0  # a client that sends no whole request in this long, in all, is dropped
 ANSWER_WITHIN_S = 5.0  # the deadline a request sets: the server forks nothing after it
@@ -174,6 +176,7 @@ def _run_framework(run_dir: Path, req: Request) -> NoReturn:
     """In the grandchild: become `python -m frameworks.service ARGS` as spawn starts it."""
     def run() -> int:
         os.setsid()  # its own session and group, as Popen(start_new_session=True): killpg
+        _name_process(COMM)
         for signum in (signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
             signal.signal(signum, signal.SIG_DFL)
         logfile = run_dir / "logs" / f"{req.name}.log"
@@ -187,6 +190,18 @@ def _run_framework(run_dir: Path, req: Request) -> NoReturn:
         return main(list(req.args))
 
     child_exit(run)
+
+
+def _name_process(name: bytes) -> None:
+    """Set this process's name (/proc/PID/comm: what `top` and `ps -o comm` show) where
+    Linux allows it; its command line stays the fork server's."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_NAME, ctypes.c_char_p(name[:15]), 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: a name is a nicety
+        pass
 
 
 class Server:

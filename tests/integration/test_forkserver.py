@@ -93,6 +93,7 @@ def test_a_forked_framework_runs_as_spawn_starts_one(
         wait_for(lambda: (run_dir / "traces" / f"offerbus-framework-{pid}.jsonl").exists(), 10)
         assert os.getsid(pid) == pid and os.getpgid(pid) == pid  # own session and group
         assert os.readlink(f"/proc/{pid}/cwd") == str(work)
+        assert Path(f"/proc/{pid}/comm").read_text().strip() == fs.COMM.decode()  # for top
         stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         assert int(stat[1]) not in (server.pid, os.getpid())  # re-parented, as a daemon
         # `offerbus stop`'s way: SIGTERM to its group; it exits and the server goes on
