@@ -11,7 +11,7 @@ from services.procs import pid_alive
 
 
 def test_a_stopped_process_leaves_neither_its_pid_nor_its_argv(tmp_path: Path) -> None:
-    pid = cluster.spawn(tmp_path, "framework-gone", ["-c", "import time; time.sleep(60)"])
+    pid = cluster.spawn(tmp_path, "framework-gone", ["-c", "import signal; signal.pause()"])
     assert {p.name for p in (tmp_path / "pids").iterdir()} == {"framework-gone.pid",
                                                                "framework-gone.argv"}
     assert cluster.stop_process(tmp_path, "framework-gone", timeout=10)
