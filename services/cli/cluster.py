@@ -218,7 +218,20 @@ def _forked(run_dir: Path, name: str, argv: list[str], env: dict[str, str]) -> i
     try:
         return forkserver.fork(run_dir, name, argv, env, Path.cwd())
     except forkserver.Unavailable:
+        _revive_forkserver(run_dir)
         return None  # the interpreter is started instead, as before the fork server
+
+
+def _revive_forkserver(run_dir: Path) -> None:
+    """Start the run dir's fork server again when `up` started one and it is gone (killed,
+    crashed), for the next `run`; not waited for. A run dir without one stays without."""
+    argv_file = _pids_dir(run_dir) / f"{forkserver.PROCESS}.argv"
+    if not argv_file.exists() or forkserver.PROCESS in running(run_dir):
+        return
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        pid = respawn(run_dir, forkserver.PROCESS)
+        console.print(f"[yellow]the framework fork server was gone: started it again "
+                      f"(pid {pid}); this framework starts as a new interpreter[/]")
 
 
 def respawn(run_dir: Path, name: str) -> int:

@@ -223,3 +223,22 @@ def test_a_client_sending_a_byte_at_a_time_is_dropped_after_the_read_timeout_in_
         assert server.poll() is None
     finally:
         stop_server(server)
+
+
+def test_a_dead_fork_server_that_up_started_is_started_again_by_the_next_spawn(
+        run_dir: Path) -> None:
+    """`up` records how it started the server (pids/forkserver.argv); when a spawn finds it
+    gone, that spawn starts the interpreter and the server again, for the next one."""
+    first = cluster.spawn(run_dir, fs.PROCESS, ["-m", "frameworks.forkserver", "--run-dir",
+                                                str(run_dir)])
+    wait_for(lambda: " ready " in server_log(run_dir), 60, message=lambda: server_log(run_dir))
+    os.kill(first, signal.SIGKILL)
+    wait_for(lambda: fs.PROCESS not in cluster.running(run_dir), 10)
+    fallback = cluster.spawn(run_dir, "framework-x", framework_argv(run_dir, "x"))
+    assert cluster._children[(run_dir, "framework-x")].pid == fallback  # an interpreter
+    second = cluster.running(run_dir)[fs.PROCESS]
+    assert second != first
+    wait_for(lambda: server_log(run_dir).count(" ready ") == 2, 60,
+             message=lambda: server_log(run_dir))
+    forked = cluster.spawn(run_dir, "framework-y", framework_argv(run_dir, "y"))
+    assert f"forked name=framework-y pid={forked} " in server_log(run_dir)
